@@ -1,0 +1,14 @@
+"""`obtain`: the pinned base in the tool-owned work tree, nothing applied yet."""
+
+from llamacpp_mla_port import engine
+from llamacpp_mla_port.commands.common import add_source_args, options
+
+
+def configure(parser):
+    add_source_args(parser)
+
+
+def run(args) -> int:
+    ws, repo, pin, base = engine.prepare(options(args))
+    print(f"base {pin.tag} {pin.commit} ({base.source}, tree {base.tree[:12]}) in {ws.tree}")
+    return 0

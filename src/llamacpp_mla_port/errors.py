@@ -1,0 +1,73 @@
+"""One exception hierarchy for everything a user can cause.
+
+Every error a user can trigger (bad input, a moved upstream, a dirty tree, no network)
+is a PortError: a one-line message naming the problem and a hint naming the fix. The CLI
+prints those without a traceback and exits 2; anything else is a bug and keeps its
+traceback (the pre-commit model: one fatal-error type, one handler at the top).
+"""
+
+from __future__ import annotations
+
+
+class PortError(Exception):
+    """A problem the user can fix. `hint` says how."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}\n  hint: {self.hint}"
+        return self.message
+
+
+class PinError(PortError):
+    """The pin file is missing or malformed."""
+
+
+class ObtainError(PortError):
+    """The base tree could not be obtained or verified (network, checksum, commit)."""
+
+
+class NetworkError(ObtainError):
+    """A source could not be reached; `auto` falls back to the next source."""
+
+
+class PortDescriptionError(PortError):
+    """templates/ (port.toml, series/*/commit.toml) is malformed."""
+
+
+class AnchorError(PortDescriptionError):
+    """An anchor matched zero or several times in the upstream file."""
+
+
+class RenderError(PortDescriptionError):
+    """A template failed to render (undefined variable, syntax error)."""
+
+
+class WorkTreeError(PortError):
+    """The tool-owned work tree is in a state the tool will not touch."""
+
+
+class SeriesError(PortError):
+    """The series could not be applied, exported, or differs from patches/."""
+
+
+class BuildError(PortError):
+    """CMake configure or build failed."""
+
+
+class GGUFError(PortError):
+    """A GGUF file is malformed, truncated or hostile."""
+
+
+class ConversionError(PortError):
+    """A checkpoint could not be converted."""
+
+
+class ProofError(PortError):
+    """A parity or lossless check failed."""

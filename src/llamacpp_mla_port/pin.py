@@ -1,0 +1,83 @@
+"""The pinned upstream base: one data file, templates/pin.toml."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from llamacpp_mla_port import TEMPLATES_DIR
+from llamacpp_mla_port.errors import PinError
+
+PIN_FILE = TEMPLATES_DIR / "pin.toml"
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Sdist:
+    package: str
+    version: str
+    filename: str
+    sha256: str
+    size: int
+    subdir: str
+    tree: str  # git tree id of `subdir` imported as-is
+
+
+@dataclass(frozen=True)
+class Pin:
+    url: str
+    commit: str
+    tag: str
+    sdist: Sdist | None
+    path: Path
+
+    @property
+    def short(self) -> str:
+        return f"{self.tag} ({self.commit[:12]})"
+
+    def with_commit(self, commit: str, url: str | None = None) -> "Pin":
+        """Another commit (e.g. `--commit`): the sdist no longer describes it."""
+        if not _SHA1.match(commit):
+            raise PinError(f"--commit {commit!r} is not a full 40-hex commit id",
+                           "pass the full id, e.g. from `git rev-parse <ref>`")
+        if commit == self.commit and url in (None, self.url):
+            return self
+        return replace(self, commit=commit, tag=commit[:12], url=url or self.url,
+                       sdist=None)
+
+
+def _need(table: dict, key: str, where: str, path: Path):
+    if key not in table:
+        raise PinError(f"{path}: [{where}] has no `{key}`",
+                       "restore templates/pin.toml from git (`git checkout templates/pin.toml`)")
+    return table[key]
+
+
+def load_pin(path: Path = PIN_FILE) -> Pin:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PinError(f"pin file {path} is missing",
+                       "restore it from git (`git checkout templates/pin.toml`)") from None
+    except tomllib.TOMLDecodeError as err:
+        raise PinError(f"pin file {path} is not valid TOML: {err}",
+                       "fix the syntax or restore it from git") from None
+    up = _need(data, "upstream", "upstream", path) if "upstream" in data else None
+    if not isinstance(up, dict):
+        raise PinError(f"{path}: missing [upstream] table", "restore templates/pin.toml from git")
+    commit = str(_need(up, "commit", "upstream", path))
+    if not _SHA1.match(commit):
+        raise PinError(f"{path}: upstream.commit {commit!r} is not a full 40-hex commit id",
+                       "pins are full commit ids, never branches or tags")
+    sdist = None
+    if "sdist" in data:
+        s = data["sdist"]
+        sdist = Sdist(**{k: _need(s, k, "sdist", path) for k in
+                         ("package", "version", "filename", "sha256", "size", "subdir", "tree")})
+        if not _SHA256.match(sdist.sha256):
+            raise PinError(f"{path}: sdist.sha256 is not a 64-hex digest", "fix the pin")
+    return Pin(url=str(_need(up, "url", "upstream", path)), commit=commit,
+               tag=str(_need(up, "tag", "upstream", path)), sdist=sdist, path=path)

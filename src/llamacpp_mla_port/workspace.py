@@ -1,0 +1,136 @@
+"""The tool-owned work tree: <work-dir>/llama.cpp, a git repo the tool created.
+
+The tool only ever touches this directory (and its build dir beside it). It records what
+it did in .git/llamacpp-mla-port.json; a tree it did not create, or one with changes it did
+not make, is refused with a message saying how to proceed. Every step can be interrupted
+and simply rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from llamacpp_mla_port import PROJECT_ROOT, gitutil
+from llamacpp_mla_port.errors import WorkTreeError
+from llamacpp_mla_port.upstream import Base, cache_repo
+
+STATE_FILE = "llamacpp-mla-port.json"
+BASE_BRANCH = "mla-port-base"
+
+
+def default_work_dir() -> Path:
+    return Path(os.environ.get("MLA_PORT_WORK_DIR") or PROJECT_ROOT / "work")
+
+
+@dataclass
+class Workspace:
+    work_dir: Path
+
+    @property
+    def tree(self) -> Path:
+        return self.work_dir / "llama.cpp"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.work_dir / "build"
+
+    @property
+    def state_path(self) -> Path:
+        return self.tree / ".git" / STATE_FILE
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict:
+        try:
+            return json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except json.JSONDecodeError:
+            raise WorkTreeError(f"{self.state_path} is corrupt",
+                                f"delete {self.tree} (`make clean-work`) and rerun") from None
+
+    def save_state(self, **updates) -> None:
+        state = {**self.state(), **updates}
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.state_path)
+
+    def repo(self) -> git.Repo:
+        return git.Repo(str(self.tree))
+
+    # ------------------------------------------------------------------ create
+    def ensure(self, base: Base, upstream_commit: str, log=print) -> git.Repo:
+        """A tool-owned work tree whose base branch is `base`; created if absent."""
+        if not self.tree.exists():
+            self._create(base, upstream_commit, log)
+        elif not self.state_path.is_file():
+            raise WorkTreeError(
+                f"{self.tree} exists but was not created by llamacpp-mla-port",
+                "move it away, or pass --work-dir DIR (MLA_PORT_WORK_DIR) to use another place")
+        repo = self.repo()
+        state = self.state()
+        if state.get("base") != base.sha:
+            # a new pin (or the other source): bring its commit in, keep the tree otherwise
+            self.require_clean(repo)
+            gitutil.run(repo, "fetch", "-q", "--no-tags", cache_repo().git_dir,
+                        f"+{base.ref}:refs/mla-port/base")
+            gitutil.run(repo, "branch", "-f", BASE_BRANCH, base.sha) if \
+                repo.active_branch.name != BASE_BRANCH else \
+                gitutil.run(repo, "reset", "-q", "--hard", base.sha)
+            self.save_state(base=base.sha, upstream_commit=upstream_commit,
+                            source=base.source, tree=base.tree, head=None, status="base")
+            log(f"work tree {self.tree}: base moved to {upstream_commit[:12]} ({base.source})")
+        return repo
+
+    def _create(self, base: Base, upstream_commit: str, log) -> None:
+        partial = self.work_dir / ".llama.cpp.partial"
+        shutil.rmtree(partial, ignore_errors=True)      # an interrupted earlier run
+        partial.mkdir(parents=True)
+        gitutil.run(partial, "init", "-q", ".")
+        gitutil.run(partial, "fetch", "-q", "--no-tags", cache_repo().git_dir,
+                    f"+{base.ref}:refs/mla-port/base")
+        gitutil.run(partial, "checkout", "-q", "-b", BASE_BRANCH, base.sha)
+        (partial / ".git" / STATE_FILE).write_text(json.dumps({
+            "base": base.sha, "upstream_commit": upstream_commit, "source": base.source,
+            "tree": base.tree, "head": None, "status": "base"}, indent=2, sort_keys=True) + "\n")
+        os.replace(partial, self.tree)
+        log(f"work tree {self.tree}: llama.cpp {upstream_commit[:12]} from {base.source}")
+
+    # ------------------------------------------------------------------ checks
+    def require_clean(self, repo: git.Repo) -> None:
+        """Refuse changes the tool did not make (edits, untracked files, user commits)."""
+        state = self.state()
+        if (Path(repo.git_dir) / "rebase-apply").exists():
+            if state.get("status") == "applying":
+                gitutil.run(repo, "am", "--abort")       # our own interrupted `git am`
+            else:
+                raise WorkTreeError(f"{self.tree} has a `git am` in progress that the tool did "
+                                    "not start", f"finish or abort it (`git -C {self.tree} am "
+                                    "--abort`), then rerun")
+        if state.get("status") == "applying":
+            # interrupted mid-apply: whatever is there was written by the tool
+            gitutil.run(repo, "reset", "-q", "--hard")
+            gitutil.run(repo, "checkout", "-q", "-f", BASE_BRANCH)
+            self.save_state(status="base", head=None)
+            return
+        dirty = gitutil.run(repo, "status", "--porcelain", "--untracked-files=normal")
+        if dirty:
+            lines = dirty.splitlines()
+            shown = "; ".join(l.strip() for l in lines[:8]) + (" ..." if len(lines) > 8 else "")
+            raise WorkTreeError(
+                f"{self.tree} has changes the tool did not make: {shown}",
+                f"keep them with `git -C {self.tree} stash -u` (or commit them on a branch of "
+                "your own), or discard the whole work tree with `make clean-work`; then rerun")
+        head = gitutil.run(repo, "rev-parse", "HEAD")
+        known = {state.get("base"), state.get("head")}
+        if head not in known:
+            raise WorkTreeError(
+                f"{self.tree} is at {head[:12]}, a commit the tool did not make",
+                f"your work is safe on that commit: put it on a branch (`git -C {self.tree} "
+                f"branch my-work {head[:12]}`), then rerun; the tool will reset its own "
+                "branch only")
