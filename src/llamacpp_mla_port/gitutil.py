@@ -51,6 +51,9 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         env[f"GIT_CONFIG_KEY_{i}"] = k
         env[f"GIT_CONFIG_VALUE_{i}"] = v
     env["GIT_CONFIG_COUNT"] = str(len(PINNED_CONFIG))
+    # the user's identity is switched off with their config; git still needs one (am --abort)
+    env.update(identity_env("llamacpp-mla-port", "llamacpp-mla-port@localhost",
+                            "2000-01-01T00:00:00+00:00"))
     if extra:
         env.update(extra)
     return env
@@ -98,3 +101,18 @@ def file_mode(repo: git.Repo, rev: str, path: str) -> str | None:
     except KeyError:
         return None
     return f"{obj.mode:06o}"
+
+
+def error_text(err: git.GitCommandError) -> str:
+    """The last meaningful line git printed, without GitPython's decoration."""
+    raw = f"{err.stderr or ''}\n{err.stdout or ''}"
+    lines = []
+    for line in raw.splitlines():
+        line = line.strip()
+        for prefix in ("stderr: '", "stdout: '"):
+            if line.startswith(prefix):
+                line = line[len(prefix):]
+        line = line.rstrip("'").strip()
+        if line:
+            lines.append(line)
+    return lines[-1] if lines else f"git exited with {err.status}"

@@ -160,7 +160,7 @@ def apply(repo: git.Repo, base_sha: str, branch: str, patches: list[Path],
         gitutil.run(repo, "am", "-3", "--quiet", "--committer-date-is-author-date",
                     *[str(p) for p in patches], env=env)
     except git.GitCommandError as err:
-        text = ((err.stdout or "") + (err.stderr or "")).strip()
+        text = gitutil.error_text(err)
         failing = _failing_patch(repo)
         try:
             gitutil.run(repo, "am", "--abort")
@@ -168,7 +168,7 @@ def apply(repo: git.Repo, base_sha: str, branch: str, patches: list[Path],
             pass
         gitutil.run(repo, "checkout", "-q", "-f", "-B", branch, base_sha)
         raise SeriesError(f"`git am -3` failed{' at ' + failing if failing else ''}: "
-                          f"{text.splitlines()[-1] if text else err}",
+                          f"{text}",
                           "the patches do not apply to this base: run `make patch` to "
                           "re-render them; the work tree was reset to the base") from None
     return gitutil.run(repo, "rev-parse", "HEAD")

@@ -104,13 +104,12 @@ def fetch_git(pin: Pin, url: str | None = None) -> Base:
                     f"+{pin.commit}:{ref}",
                     env={"GIT_HTTP_LOW_SPEED_LIMIT": "1000", "GIT_HTTP_LOW_SPEED_TIME": "30"})
     except git.GitCommandError as err:
-        text = (err.stderr or "") + (err.stdout or "")
+        text = gitutil.error_text(err)
         if _is_network_error(text):
-            raise NetworkError(f"cannot reach {url}: {text.strip().splitlines()[-1] if text.strip() else err}",
+            raise NetworkError(f"cannot reach {url}: {text}",
                                "check the network, pass --git-url PATH of a local llama.cpp "
                                "clone, or use --source sdist") from None
-        raise ObtainError(f"commit {pin.commit} could not be fetched from {url}: "
-                          f"{text.strip().splitlines()[-1] if text.strip() else err}",
+        raise ObtainError(f"commit {pin.commit} could not be fetched from {url}: {text}",
                           "the pinned commit is not in that repository: check --git-url, or "
                           "fetch it there first (`git fetch origin "
                           f"{pin.commit}`)") from None
@@ -227,13 +226,13 @@ def obtain(pin: Pin, source: str = "auto", git_url: str | None = None,
            sdist_file: Path | None = None, log=print) -> Base:
     if source not in SOURCES:
         raise ObtainError(f"unknown source {source!r}", f"use one of {', '.join(SOURCES)}")
-    if source == "git" or (source == "auto" and (git_url or cached(pin, "git"))):
+    if source == "git":
         return _checked_git(pin, git_url, log)
     if source == "sdist":
         return import_sdist(pin, sdist_file, log)
     # auto: the cache first (offline), then git, then the sdist on a network failure
-    hit = cached(pin, "sdist")
-    if hit and not git_url:
+    hit = cached(pin, "git") or (None if git_url else cached(pin, "sdist"))
+    if hit:
         return hit
     try:
         return _checked_git(pin, git_url, log)

@@ -90,10 +90,13 @@ class Workspace:
     def _create(self, base: Base, upstream_commit: str, log) -> None:
         partial = self.work_dir / ".llama.cpp.partial"
         shutil.rmtree(partial, ignore_errors=True)      # an interrupted earlier run
-        partial.mkdir(parents=True)
-        gitutil.run(partial, "init", "-q", ".")
-        gitutil.run(partial, "fetch", "-q", "--no-tags", cache_repo().git_dir,
-                    f"+{base.ref}:refs/mla-port/base")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        # --local hard-links the cache's objects (a copy across filesystems): fast, and the
+        # work tree stays valid if the cache is deleted later
+        gitutil.run(partial.parent, "clone", "-q", "--local", "--no-checkout",
+                    cache_repo().git_dir, str(partial))
+        gitutil.run(partial, "remote", "remove", "origin")
+        gitutil.run(partial, "update-ref", "refs/mla-port/base", base.sha)
         gitutil.run(partial, "checkout", "-q", "-b", BASE_BRANCH, base.sha)
         (partial / ".git" / STATE_FILE).write_text(json.dumps({
             "base": base.sha, "upstream_commit": upstream_commit, "source": base.source,

@@ -1,0 +1,47 @@
+"""Session fixtures shared by all test modules.
+
+`patched_tree`: the pinned llama.cpp with the CURRENT templates rendered and applied
+(`engine.patch` into the default work dir, exporting into a temporary patches dir so the
+tests never rewrite the checked-in patches/). `llama_build`: its CMake build dir.
+MLA_PORT_TREE / MLA_PORT_BUILD point both at another tree/build (development).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from llamacpp_mla_port import engine, upstream
+from llamacpp_mla_port.pin import load_pin
+
+
+@pytest.fixture(scope="session")
+def pin():
+    return load_pin()
+
+
+@pytest.fixture(scope="session")
+def sdist_tarball(pin) -> Path:
+    """The verified sdist in the user cache (downloaded once with pip)."""
+    return upstream.sdist_archive(pin)
+
+
+@pytest.fixture(scope="session")
+def patched_tree(tmp_path_factory) -> Path:
+    override = os.environ.get("MLA_PORT_TREE")
+    if override:
+        return Path(override)
+    patches = tmp_path_factory.mktemp("patches")
+    result = engine.patch(engine.Options(patches_dir=patches))
+    return Path(result["tree"])
+
+
+@pytest.fixture(scope="session")
+def llama_build(patched_tree) -> Path:
+    override = os.environ.get("MLA_PORT_BUILD")
+    if override:
+        return Path(override)
+    from llamacpp_mla_port.build import ensure_build
+    return Path(ensure_build(patched_tree, engine.Options().workspace().build_dir))
