@@ -33,7 +33,7 @@ class Options:
 
     def pin(self) -> Pin:
         pin = load_pin(self.templates_dir / "pin.toml")
-        if self.commit or (self.git_url and self.commit):
+        if self.commit:
             pin = pin.with_commit(self.commit)
         return pin
 

@@ -79,9 +79,11 @@ class Workspace:
             self.require_clean(repo)
             gitutil.run(repo, "fetch", "-q", "--no-tags", cache_repo().git_dir,
                         f"+{base.ref}:refs/mla-port/base")
-            gitutil.run(repo, "branch", "-f", BASE_BRANCH, base.sha) if \
-                repo.active_branch.name != BASE_BRANCH else \
+            on_base = gitutil.run(repo, "rev-parse", "--abbrev-ref", "HEAD") == BASE_BRANCH
+            if on_base:
                 gitutil.run(repo, "reset", "-q", "--hard", base.sha)
+            else:
+                gitutil.run(repo, "branch", "-f", BASE_BRANCH, base.sha)
             self.save_state(base=base.sha, upstream_commit=upstream_commit,
                             source=base.source, tree=base.tree, head=None, status="base")
             log(f"work tree {self.tree}: base moved to {upstream_commit[:12]} ({base.source})")
