@@ -1,0 +1,167 @@
+"""`build`: CMake Release build of the patched llama.cpp work tree.
+
+CPU by default; other backends by passing CMake options through, e.g.
+`llamacpp-mla-port build --cmake-arg -DGGML_CUDA=ON`. Ninja and ccache are used when they
+are on PATH. Only the targets the job and the proof need are built (DEFAULT_TARGETS), so a
+cold build stays a few minutes on two cores and a rebuild after a re-render recompiles only
+the changed sources. Progress (CMake/Ninja's own lines) streams to the terminal; the full
+log is kept in <build-dir>/llamacpp-mla-port-build.log.
+
+Tests use `ensure_build(tree, build_dir, targets)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from llamacpp_mla_port.errors import BuildError
+
+#: What the job (server/cli), the proof (speculative-simple, simple) and the tests
+#: (test-llama-archs writes the tiny Kimi-K3 target) need.
+DEFAULT_TARGETS: tuple[str, ...] = (
+    "llama-server",
+    "llama-cli",
+    "llama-speculative-simple",
+    "llama-simple",
+    "test-llama-archs",
+)
+
+#: Options every configure gets; user --cmake-arg values come after and win.
+BASE_CMAKE_ARGS: tuple[str, ...] = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=ON",      # test-llama-archs
+    "-DLLAMA_BUILD_EXAMPLES=ON",   # llama-simple, llama-speculative-simple
+    "-DLLAMA_BUILD_TOOLS=ON",      # llama-server, llama-cli
+)
+
+LOG_NAME = "llamacpp-mla-port-build.log"
+ARGS_NAME = "llamacpp-mla-port-cmake-args.txt"
+TAIL_LINES = 40
+
+
+def _default_work_dir() -> Path:
+    from llamacpp_mla_port.workspace import default_work_dir
+    return default_work_dir()
+
+
+def default_tree() -> Path:
+    return _default_work_dir() / "llama.cpp"
+
+
+def default_build_dir() -> Path:
+    return _default_work_dir() / "build"
+
+
+def default_jobs() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def cmake_configure_args(tree: Path, build_dir: Path, cmake_args: Sequence[str] = ()) -> list[str]:
+    args = ["cmake", "-S", str(tree), "-B", str(build_dir)]
+    if shutil.which("ninja"):
+        args += ["-G", "Ninja"]
+    if shutil.which("ccache"):
+        args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
+                 "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+    args += list(BASE_CMAKE_ARGS)
+    args += list(cmake_args)
+    return args
+
+
+def _run_logged(cmd: list[str], log_path: Path, stage: str, echo: bool) -> None:
+    """Run cmd, streaming its output to the terminal (when echo) and to the log."""
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
+        log.flush()
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace", bufsize=1)
+        except FileNotFoundError as err:
+            raise BuildError(f"{stage}: {cmd[0]} not found", hint="install CMake (>= 3.14) and a C++17 compiler") from err
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            tail.append(line.rstrip("\n"))
+            if echo:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+        rc = proc.wait()
+    if rc != 0:
+        last = "\n".join(tail)
+        hint = (f"full log: {log_path}. A stale configure (other backend or compiler) is "
+                f"fixed by deleting the build dir; missing CUDA/Metal toolkits show up at configure")
+        raise BuildError(f"{stage} failed (exit {rc}); last lines:\n{last}", hint=hint)
+
+
+def ensure_build(tree: Path, build_dir: Path, targets: Iterable[str] = DEFAULT_TARGETS,
+                 cmake_args: Sequence[str] = (), jobs: int | None = None, echo: bool = True) -> Path:
+    """Configure (when needed) and build `targets` of `tree` into `build_dir`; returns build_dir.
+
+    Reconfigures only when the build dir has no cache or the CMake options changed, so a
+    rerun is an incremental Ninja build. Binaries end up in <build_dir>/bin.
+    """
+    tree = Path(tree)
+    build_dir = Path(build_dir)
+    if not (tree / "CMakeLists.txt").is_file():
+        raise BuildError(f"no llama.cpp tree at {tree} (CMakeLists.txt missing)",
+                         hint="run `llamacpp-mla-port patch` first, or pass --work-dir")
+    if shutil.which("cmake") is None:
+        raise BuildError("cmake not found on PATH", hint="install CMake (>= 3.14), e.g. `apt-get install cmake ninja-build`")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log_path = build_dir / LOG_NAME
+    log_path.write_text("")
+
+    configure = cmake_configure_args(tree, build_dir, cmake_args)
+    args_file = build_dir / ARGS_NAME
+    wanted = "\n".join(configure) + "\n"
+    if not (build_dir / "CMakeCache.txt").is_file() or not args_file.is_file() or args_file.read_text() != wanted:
+        _run_logged(configure, log_path, "CMake configure", echo)
+        args_file.write_text(wanted)
+
+    targets = list(targets)
+    build = ["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs or default_jobs())]
+    for target in targets:
+        build += ["--target", target]
+    _run_logged(build, log_path, f"build of {', '.join(targets)}", echo)
+
+    missing = [t for t in targets if not (build_dir / "bin" / t).exists()]
+    if missing:
+        raise BuildError(f"build finished but {', '.join(missing)} not in {build_dir / 'bin'}",
+                         hint=f"check {log_path}; a target name may not exist in this llama.cpp version")
+    return build_dir
+
+
+# ------------------------------------------------------------------------------------- CLI
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="tool-owned work dir holding llama.cpp/ and build/ (default: ./work or $MLA_PORT_WORK_DIR)")
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="llama.cpp source tree (default: <work-dir>/llama.cpp)")
+    parser.add_argument("--build-dir", type=Path, default=None,
+                        help="CMake build dir (default: <work-dir>/build)")
+    parser.add_argument("--target", dest="targets", action="append", default=None, metavar="TARGET",
+                        help=f"build this target (repeatable; default: {' '.join(DEFAULT_TARGETS)})")
+    parser.add_argument("--cmake-arg", dest="cmake_args", action="append", default=[], metavar="ARG",
+                        help="extra CMake configure option, e.g. --cmake-arg -DGGML_CUDA=ON (repeatable)")
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    parser.add_argument("--quiet", action="store_true", help="do not stream the build output")
+
+
+def run(args: argparse.Namespace) -> int:
+    work_dir = args.work_dir or _default_work_dir()
+    tree = args.tree or work_dir / "llama.cpp"
+    build_dir = args.build_dir or work_dir / "build"
+    targets = args.targets or list(DEFAULT_TARGETS)
+    out = ensure_build(tree, build_dir, targets, args.cmake_args, jobs=args.jobs, echo=not args.quiet)
+    print(f"built {' '.join(targets)} in {out / 'bin'}")
+    return 0
