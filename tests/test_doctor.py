@@ -161,7 +161,6 @@ def test_target_passed_as_draft_is_named(tmp_path, capsys):
     (dict(extra_tensors={"blk.0.attn_kv_b.weight": np.zeros((64, 8), np.float32)}), "tensors", "unsplit kv_b"),
     (dict(extra_tensors={"blk.1.attn_q_b.weight": np.zeros((40, 16), np.float32)}), "shapes",
      "blk.1.attn_q_b.weight [16, 40] != [16, 48]"),
-    (dict(target_layers=[0, 5, 8, 11, 14]), "target_layers", "+1 was not applied"),
     (dict(target_layers=[3, 9, 6, 12, 15]), "target_layers", "not strictly increasing"),
     (dict(extra_keys={"dflash.target_layers": ("3,6,9", GGUFValueType.STRING)}), "target_layers", "wrong type"),
     (dict(omit_keys=("dflash.target_layers",)), "target_layers", "missing"),
@@ -172,6 +171,14 @@ def test_single_defect_is_an_error(tmp_path, capsys, kwargs, check, needle):
     assert code == 2
     bad = [f for f in rep["findings"] if f["verdict"] == "error"]
     assert any(f["check"] == check and needle in (f["title"] + " " + f["evidence"]) for f in bad), bad
+
+
+def test_tap_zero_is_a_warning_not_an_error(tmp_path, capsys):
+    """Layer 0's input (the embeddings) loads in llama.cpp, but no trained draft taps it."""
+    code, rep = doctor(capsys, write_mla_draft(tmp_path / "d.gguf", target_layers=[0, 5, 8, 11, 14]))
+    assert code == 1
+    tl = by_check(rep["findings"])["target_layers"][0]
+    assert tl["verdict"] == "warning" and "was the +1 forgotten" in tl["evidence"]
 
 
 def test_known_ids_without_plus_one(tmp_path):

@@ -398,8 +398,9 @@ def check_target_layers(ctx: Context) -> Iterable[Finding]:
     if any(i < 0 for i in ids):
         problems.append("negative ids")
     if 0 in ids:
-        problems.append("id 0 is the embedding output: with llama.cpp's +1 convention (HF id + 1) "
-                        "no tap can be 0; the +1 was not applied")
+        # loadable (layer 0's input is the token embedding), but no trained draft taps it
+        notes.append("id 0 taps the token embeddings: llama.cpp accepts it, but under the +1 "
+                     "convention (HF id + 1) no trained tap is 0 -- was the +1 forgotten?")
     hf = [i - 1 for i in ids]
     for name, taps in KNOWN_TAPS.items():
         if ids == taps:
@@ -415,7 +416,7 @@ def check_target_layers(ctx: Context) -> Iterable[Finding]:
     if ctx.target is not None:
         t_layers = _int(ctx.target, f"{ctx.target.arch}.block_count")
         if t_layers is not None:
-            outside = [i for i in ids if not 0 < i < t_layers]
+            outside = [i for i in ids if not 0 <= i < t_layers]
             if outside:
                 problems.append(f"ids {outside} are outside the target's layer inputs 1..{t_layers - 1} "
                                 f"(target has {t_layers} layers)" +
@@ -426,6 +427,9 @@ def check_target_layers(ctx: Context) -> Iterable[Finding]:
     if problems:
         yield Finding("target_layers", ERROR, f"dflash.target_layers {ids} is wrong",
                       "; ".join(problems + notes), fix)
+    elif 0 in ids:
+        yield Finding("target_layers", WARNING, f"dflash.target_layers {ids} taps the embeddings",
+                      "; ".join(notes), fix)
     else:
         yield Finding("target_layers", OK, f"dflash.target_layers {ids}",
                       f"{len(ids)} taps = fc input {fc_in} / n_embd {n_embd}; strictly increasing; "
@@ -640,10 +644,19 @@ def check_target(ctx: Context) -> Iterable[Finding]:
               "tokenizer.ggml.eos_token_id"):
         if d.get(k) != t.get(k):
             diffs.append(f"{k}: draft {d.get(k)!r}, target {t.get(k)!r}")
+    minor = []
     for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
         if d.value_sha256(k) != t.value_sha256(k):
-            diffs.append(f"{k} differs (sha256 {str(d.value_sha256(k))[:12]} vs {str(t.value_sha256(k))[:12]})")
-    if diffs:
+            text = f"{k} differs (sha256 {str(d.value_sha256(k))[:12]} vs {str(t.value_sha256(k))[:12]})"
+            # llama.cpp's draft/target compatibility compares vocab type, bos/eos and token
+            # texts; merges and token types only matter if the draft's tokenizer is used
+            (diffs if k == "tokenizer.ggml.tokens" else minor).append(text)
+    if not diffs and minor:
+        yield Finding("target_tokenizer", WARNING, "tokenizers agree on tokens, differ in detail",
+                      "; ".join(minor) + "; the draft's own tokenizer is not used to tokenize "
+                      "when it drafts for this target",
+                      "reconvert the draft with --target-model-dir pointing at this target")
+    elif diffs:
         yield Finding("target_tokenizer", ERROR, "tokenizers differ", "; ".join(diffs),
                       "reconvert the draft with --target-model-dir pointing at this target")
     else:
