@@ -319,3 +319,34 @@ def test_cli_reports_user_errors_without_traceback(tmp_path):
     assert out.returncode == 2
     assert "sha256 mismatch" in out.stderr and "hint:" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, monkeypatch):
+    """A depth-1 git cache still makes work trees, and a new pin moves an applied tree."""
+    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    sd = upstream.import_sdist(pin, sdist_tarball, log=lambda *_: None)
+    work = tmp_path / "upstream-clone"
+    gitutil.run(tmp_path, "clone", "-q", upstream.cache_repo().git_dir, str(work), "--no-checkout")
+    gitutil.run(work, "checkout", "-q", sd.sha)
+    ident = gitutil.identity_env("Someone", "s@x", "2026-10-01T12:00:00Z")
+    gitutil.run(work, "commit", "-q", "--amend", "-m", "upstream-like commit", env=ident)
+    first = gitutil.run(work, "rev-parse", "HEAD")
+    (work / "NEWS.md").write_text("upstream moved on\n")
+    gitutil.run(work, "add", "NEWS.md")
+    gitutil.run(work, "commit", "-q", "-m", "a later upstream commit", env=ident)
+    second = gitutil.run(work, "rev-parse", "HEAD")
+    bare = tmp_path / "served.git"
+    gitutil.run(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    # the git-source upstream fetch makes the cache shallow; the shallow state is exactly what
+    # a fresh work tree must cope with
+    opts = engine.Options(work_dir=tmp_path / "work", patches_dir=tmp_path / "patches",
+                          source="git", git_url=str(bare), commit=first)
+    tree = Path(engine.patch(opts, log=lambda *_: None)["tree"])
+    assert (Path(upstream.cache_repo().git_dir) / "shallow").exists()
+    assert gitutil.run(tree, "rev-parse", "mla-port-base") == first
+    # the pin moves forward (another commit) on the applied tree: the tree follows
+    moved = dataclasses.replace(opts, commit=second)
+    engine.patch(moved, log=lambda *_: None)
+    assert gitutil.run(tree, "rev-parse", "mla-port-base") == second
+    assert gitutil.run(tree, "rev-parse", "HEAD~" + str(len(load_series().commits))) == second
+    assert (tree / "NEWS.md").read_text() == "upstream moved on\n"

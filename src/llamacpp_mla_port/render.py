@@ -207,3 +207,8 @@ def render_series(series: Series, read_base: Callable[[str], bytes | None],
         out.append(RenderedCommit(slug=commit.slug, message=message, files=files,
                                   created=frozenset(created)))
     return out
+
+
+def render_change_text(env: jinja2.Environment, change: Change, context: dict) -> str:
+    """The text one change inserts (for tools that inspect changes one by one, e.g. rebase)."""
+    return _render(env, change.template, {**context, **change.vars}, change.origin)

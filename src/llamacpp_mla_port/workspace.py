@@ -77,13 +77,9 @@ class Workspace:
         if state.get("base") != base.sha:
             # a new pin (or the other source): bring its commit in, keep the tree otherwise
             self.require_clean(repo)
-            gitutil.run(repo, "fetch", "-q", "--no-tags", cache_repo().git_dir,
-                        f"+{base.ref}:refs/mla-port/base")
-            on_base = gitutil.run(repo, "rev-parse", "--abbrev-ref", "HEAD") == BASE_BRANCH
-            if on_base:
-                gitutil.run(repo, "reset", "-q", "--hard", base.sha)
-            else:
-                gitutil.run(repo, "branch", "-f", BASE_BRANCH, base.sha)
+            self._fetch_base(repo, base)
+            # clean and tool-made: leave the old series branch, stand on the new base
+            gitutil.run(repo, "checkout", "-q", "-f", "-B", BASE_BRANCH, base.sha)
             self.save_state(base=base.sha, upstream_commit=upstream_commit,
                             source=base.source, tree=base.tree, head=None, status="base")
             log(f"work tree {self.tree}: base moved to {upstream_commit[:12]} ({base.source})")
@@ -93,18 +89,33 @@ class Workspace:
         partial = self.work_dir / ".llama.cpp.partial"
         shutil.rmtree(partial, ignore_errors=True)      # an interrupted earlier run
         partial.parent.mkdir(parents=True, exist_ok=True)
-        # --local hard-links the cache's objects (a copy across filesystems): fast, and the
-        # work tree stays valid if the cache is deleted later
-        gitutil.run(partial.parent, "clone", "-q", "--local", "--no-checkout",
-                    cache_repo().git_dir, str(partial))
-        gitutil.run(partial, "remote", "remove", "origin")
-        gitutil.run(partial, "update-ref", "refs/mla-port/base", base.sha)
+        cache = cache_repo()
+        if (Path(cache.git_dir) / "shallow").exists():
+            # a git-source cache is shallow (depth-1 fetches): `clone --local` cannot copy a
+            # shallow repository, a fetch of the one commit can
+            partial.mkdir()
+            gitutil.run(partial, "init", "-q", ".")
+            self._fetch_base(git.Repo(str(partial)), base)
+        else:
+            # --local hard-links the cache's objects (a copy across filesystems): fast, and
+            # the work tree stays valid if the cache is deleted later
+            gitutil.run(partial.parent, "clone", "-q", "--local", "--no-checkout",
+                        cache.git_dir, str(partial))
+            gitutil.run(partial, "remote", "remove", "origin")
+            gitutil.run(partial, "update-ref", "refs/mla-port/base", base.sha)
         gitutil.run(partial, "checkout", "-q", "-b", BASE_BRANCH, base.sha)
         (partial / ".git" / STATE_FILE).write_text(json.dumps({
             "base": base.sha, "upstream_commit": upstream_commit, "source": base.source,
             "tree": base.tree, "head": None, "status": "base"}, indent=2, sort_keys=True) + "\n")
         os.replace(partial, self.tree)
         log(f"work tree {self.tree}: llama.cpp {upstream_commit[:12]} from {base.source}")
+
+    @staticmethod
+    def _fetch_base(repo: git.Repo, base: Base) -> None:
+        cache = cache_repo()
+        depth = ["--depth", "1"] if (Path(cache.git_dir) / "shallow").exists() else []
+        gitutil.run(repo, "fetch", "-q", "--no-tags", *depth, cache.git_dir,
+                    f"+{base.ref}:refs/mla-port/base")
 
     # ------------------------------------------------------------------ checks
     def require_clean(self, repo: git.Repo) -> None:

@@ -1,0 +1,703 @@
+"""`rebase --onto COMMIT|PATH`: re-render the series against a newer llama.cpp.
+
+All-or-nothing. The new upstream goes into the cache repository, every change of every
+commit is located again there (anchors are text, so moved lines are found again), and the
+whole series is rendered in memory before anything is written. Only when every change
+lands is the pin moved forward, patches/ re-exported and the tool's work tree (if there is
+one) re-applied; on any problem the pin, patches/ and the work tree stay as they were.
+
+Per change the report says one of:
+- ok                  the anchor was found (with its line at the old and the new base);
+- merged-upstream     what the change inserts is already there (right at the anchor, or
+                      verbatim elsewhere in the file): drop it from the templates;
+- anchor-missing / anchor-ambiguous / within-missing / within-ambiguous /
+  within_end-missing / file-missing / file-exists / render-error
+                      with the file, the anchor and the closest candidate lines.
+
+The pin moves forward only: the new commit must descend from the pinned one (checked in
+the given clone with `git merge-base --is-ancestor`, or in a commits-only fetch for a URL);
+an older or unrelated commit is refused unless --force. `--canary` only tries: nothing is
+written and the exit status and a JSON report say whether, and where, the series breaks.
+
+The range-diff compares the series as the current templates render at the old pin (what
+`make patch` gave, i.e. patches/ when they are up to date) with the series at the new base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+import jinja2
+
+from llamacpp_mla_port import PATCHES_DIR, TEMPLATES_DIR, engine, gitutil, series as series_mod
+from llamacpp_mla_port import upstream
+from llamacpp_mla_port.errors import AnchorError, PinError, PortError, WorkTreeError
+from llamacpp_mla_port.pin import Pin, load_pin
+from llamacpp_mla_port.port import Change, Series, load_series
+from llamacpp_mla_port.render import (_finditer, locate, make_env, nearest_lines,
+                                      render_change_text, render_series)
+from llamacpp_mla_port.upstream import Base, SOURCES
+from llamacpp_mla_port.workspace import BASE_BRANCH, Workspace, default_work_dir
+
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+FAILED = ("anchor-missing", "anchor-ambiguous", "within-missing", "within-ambiguous",
+          "within_end-missing", "file-missing", "file-exists", "render-error")
+MERGED = "merged-upstream"
+#: an inserted text this large that already occurs verbatim in the file is a duplicate,
+#: not a coincidence (a single `}` or blank line is not)
+_SUBSTANTIAL_LINES = 2
+_SUBSTANTIAL_CHARS = 40
+
+
+# ------------------------------------------------------------------------------ reports
+@dataclass
+class ChangeReport:
+    commit: str                  # series folder, e.g. "10-gguf-py-dflash-mla-tensors"
+    title: str                   # commit title (patch subject)
+    patch: str                   # patch number in the series, e.g. "0001"
+    change: str                  # "series/NN-slug/commit.toml change #i"
+    file: str
+    placement: str
+    status: str
+    anchor: str | None = None    # the pattern that failed (or the anchor when ok)
+    line: int | None = None      # line of the anchor (or of the merged text) at the new base
+    old_line: int | None = None  # line of the anchor at the old base
+    candidates: list[str] = field(default_factory=list)
+    message: str = ""
+    present: int | None = None   # how often its inserted text occurs in its scope there
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILED
+
+
+@dataclass
+class Target:
+    """The upstream to rebase onto, imported into the cache repository."""
+    base: Base
+    commit: str | None           # upstream commit id (None for a plain tree)
+    tag: str
+    url: str | None              # where it was fetched from (None for a plain tree)
+    local_repo: Path | None      # a local clone holding its history, for ancestry checks
+
+    @property
+    def label(self) -> str:
+        short = (self.commit or self.base.sha)[:12]
+        return short if self.tag == short else f"{self.tag} ({short})"
+
+
+# ------------------------------------------------------------------------------ targets
+def _is_repo(path: Path) -> bool:
+    try:
+        top = gitutil.run(path, "rev-parse", "--show-toplevel")
+    except git.GitCommandError:
+        return False
+    return Path(top).resolve() == path.resolve()
+
+
+def _is_bare(path: Path) -> bool:
+    try:
+        return gitutil.run(path, "rev-parse", "--is-bare-repository") == "true" and \
+            Path(gitutil.run(path, "rev-parse", "--absolute-git-dir")).resolve() == path.resolve()
+    except git.GitCommandError:
+        return False
+
+
+def _local_git(url: str | None) -> Path | None:
+    if url and os.path.isdir(url):
+        p = Path(url).resolve()
+        if _is_repo(p) or _is_bare(p):
+            return p
+    return None
+
+
+def _describe(repo: Path | None, commit: str) -> str:
+    if repo is not None:
+        try:
+            return gitutil.run(repo, "describe", "--tags", "--exact-match", commit)
+        except git.GitCommandError:
+            pass
+    return commit[:12]
+
+
+def resolve_target(onto: str, git_url: str | None, pin: Pin, tag: str | None = None) -> Target:
+    """Fetch (or import) what --onto names into the cache repo."""
+    if git_url is None and os.path.isdir(onto):
+        path = Path(onto).resolve()
+        if _is_repo(path) or _is_bare(path):
+            git_url, onto = str(path), "HEAD"
+        else:
+            return _import_tree(path, tag)
+    url = git_url or pin.url
+    local = _local_git(url)
+    if local is not None:
+        try:
+            commit = gitutil.run(local, "rev-parse", "--verify", "-q", f"{onto}^{{commit}}")
+        except git.GitCommandError:
+            raise PinError(f"--onto {onto!r} is not a commit in {local}",
+                           "pass a commit id, tag or branch of that clone") from None
+    elif _SHA1.match(onto):
+        commit = onto
+    else:
+        try:
+            out = gitutil.run(Path.cwd(), "ls-remote", url, onto)
+        except git.GitCommandError as err:
+            raise PinError(f"cannot list {url}: {gitutil.error_text(err)}",
+                           "pass the full 40-hex commit id, or --git-url PATH of a local "
+                           "clone") from None
+        shas = sorted({line.split()[0] for line in out.splitlines() if line.strip()})
+        if len(shas) != 1:
+            raise PinError(f"--onto {onto!r} names {len(shas)} refs in {url}",
+                           "pass the full 40-hex commit id")
+        commit = shas[0]
+    base = upstream.fetch_git(pin.with_commit(commit, url), url)
+    return Target(base=base, commit=commit, tag=tag or _describe(local, commit), url=url,
+                  local_repo=local)
+
+
+def _import_tree(path: Path, tag: str | None) -> Target:
+    """A plain directory (no git) as one commit in the cache repo; .gitignore is honoured."""
+    if not (path / "CMakeLists.txt").is_file():
+        raise PinError(f"--onto {path} is neither a git clone nor a llama.cpp tree "
+                       "(no CMakeLists.txt)", "pass a llama.cpp source directory or a clone")
+    repo = upstream.cache_repo()
+    with tempfile.TemporaryDirectory(prefix="mla-port-tree-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(path),
+               "GIT_DIR": repo.git_dir}
+        gitutil.run(path, "add", "-A", ".", env=env)
+        tree = gitutil.run(path, "write-tree", env=env)
+    ref = f"refs/mla-port/tree/{tree}"
+    sha = gitutil.run(repo, "commit-tree", tree, "-m", f"plain tree {path}\n",
+                      env=upstream.IMPORT_IDENTITY)
+    gitutil.run(repo, "update-ref", ref, sha)
+    base = Base(sha=sha, tree=tree, source="tree", ref=ref)
+    return Target(base=base, commit=None, tag=tag or f"tree {tree[:12]}", url=None,
+                  local_repo=None)
+
+
+def relation(pin: Pin, target: Target) -> str:
+    """same | descendant | older | unrelated | unknown (a plain tree has no history)."""
+    if target.commit is None:
+        return "unknown"
+    if target.commit == pin.commit:
+        return "same"
+    if target.local_repo is not None:
+        return _relation_in(target.local_repo, pin.commit, target.commit)
+    with tempfile.TemporaryDirectory(prefix="mla-port-history-") as tmp:
+        # commits only (no trees, no blobs): enough for merge-base, small even for llama.cpp
+        gitutil.run(Path(tmp), "init", "-q", "--bare", ".")
+        try:
+            gitutil.run(Path(tmp), "fetch", "-q", "--no-tags", "--filter=tree:0", target.url,
+                        target.commit)
+        except git.GitCommandError:
+            return "unknown"
+        return _relation_in(Path(tmp), pin.commit, target.commit)
+
+
+def _relation_in(repo: Path, old: str, new: str) -> str:
+    def ok(*args) -> bool:
+        try:
+            gitutil.run(repo, *args)
+            return True
+        except git.GitCommandError:
+            return False
+    if not ok("cat-file", "-e", f"{old}^{{commit}}"):
+        return "unrelated"          # the pinned commit is not in that history at all
+    if ok("merge-base", "--is-ancestor", old, new):
+        return "descendant"
+    if ok("merge-base", "--is-ancestor", new, old):
+        return "older"
+    return "unrelated"
+
+
+# ----------------------------------------------------------------------------- analysis
+def _line(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _substantial(s: str) -> bool:
+    return len([ln for ln in s.splitlines() if ln.strip()]) >= _SUBSTANTIAL_LINES or \
+        len("".join(s.split())) >= _SUBSTANTIAL_CHARS
+
+
+def _diagnose(change: Change, text: str) -> tuple[str, str, list[str]]:
+    """Why `locate` failed: (status, failing pattern, candidate lines)."""
+    lo, hi = 0, len(text)
+    if change.within is not None:
+        scopes = _finditer(change.within, text, change.regex)
+        if len(scopes) != 1:
+            return _miss("within", change.within, text, scopes)
+        lo = scopes[0][1]
+        if change.within_end is not None:
+            ends = _finditer(change.within_end, text, change.regex, lo)
+            if not ends:
+                return "within_end-missing", change.within_end, nearest_lines(text, change.within_end)
+            hi = ends[0][0]
+    hits = _finditer(change.anchor, text, change.regex, lo, hi)
+    return _miss("anchor", change.anchor, text, hits)
+
+
+def _miss(what: str, pattern: str, text: str, hits) -> tuple[str, str, list[str]]:
+    if not hits:
+        return f"{what}-missing", pattern, nearest_lines(text, pattern)
+    lines = text.splitlines()
+    return f"{what}-ambiguous", pattern, [f"{_line(text, s)}: {lines[_line(text, s) - 1].strip()}"
+                                          for s, _ in hits[:5]]
+
+
+def _scope(change: Change, text: str) -> tuple[int, int]:
+    """The part of `text` the change's anchor is searched in (whole text if unclear)."""
+    if change.within is None:
+        return 0, len(text)
+    scopes = _finditer(change.within, text, change.regex)
+    if len(scopes) != 1:
+        return 0, len(text)
+    lo = scopes[0][1]
+    if change.within_end is not None:
+        ends = _finditer(change.within_end, text, change.regex, lo)
+        if ends:
+            return lo, ends[0][0]
+    return lo, len(text)
+
+
+def analyse(series: Series, read_base, base_label: str, extra_vars: dict,
+            patch_names: list[str] | None = None,
+            baseline: dict[str, int] | None = None) -> list[ChangeReport]:
+    """Locate every change of the series at a base, commit by commit, without stopping.
+
+    Mirrors render_series (a later commit sees the text earlier ones inserted) but keeps
+    going after a failure, skipping the failed or merged change, so one run reports them all.
+    render_series stays the only producer of output; this only diagnoses.
+
+    `baseline` (change -> how often its text occurred in the file at the OLD base) tells a
+    merge upstream apart from text that was always there elsewhere (two arch lists may share
+    lines): the text counts as merged when it occurs more often now than it did then.
+    """
+    env = make_env(series)
+    current: dict[str, bytes | None] = {}
+
+    def read(path: str) -> bytes | None:
+        if path not in current:
+            current[path] = read_base(path)
+        return current[path]
+
+    reports: list[ChangeReport] = []
+    for ci, commit in enumerate(series.commits):
+        context = {**series.vars, **commit.vars, **extra_vars}
+        try:
+            title = env.get_template(commit.message_template).render(**context) \
+                .strip().splitlines()[0]
+        except (jinja2.TemplateError, IndexError):
+            title = commit.slug
+        patch = patch_names[ci] if patch_names and len(patch_names) == len(series.commits) \
+            else f"{ci + 1:04d}"
+
+        def report(change: Change, status: str, **kw) -> None:
+            reports.append(ChangeReport(commit=commit.slug, title=title, patch=patch,
+                                        change=change.origin, file=change.file,
+                                        placement=change.placement, status=status, **kw))
+
+        by_file: dict[str, list[Change]] = {}
+        for change in commit.changes:
+            by_file.setdefault(change.file, []).append(change)
+        for path, changes in by_file.items():
+            before = read(path)
+            text = None
+            if before is not None:
+                try:
+                    text = before.decode("utf-8")
+                except UnicodeDecodeError:
+                    pass
+            spans = []
+            for change in changes:
+                try:
+                    rendered = render_change_text(env, change, context)
+                except PortError as err:
+                    report(change, "render-error", message=err.message)
+                    continue
+                if change.placement == "create":
+                    if before is None:
+                        report(change, "ok", message="new file")
+                        current[path] = rendered.encode("utf-8")
+                    elif before == rendered.encode("utf-8"):
+                        report(change, MERGED, line=1, message="the file already exists upstream "
+                               "with exactly this content")
+                    else:
+                        report(change, "file-exists", message=f"{path} already exists upstream "
+                               "with other content")
+                    continue
+                if text is None:
+                    report(change, "file-missing", anchor=change.anchor,
+                           message=f"{path} does not exist (or is not UTF-8 text) upstream")
+                    continue
+                lo, hi = _scope(change, text)
+                count = text.count(rendered) if rendered.strip() else 0
+                in_scope = text.count(rendered, lo, hi) if rendered.strip() else 0
+                was = (baseline or {}).get(change.origin)
+                # with a baseline: more copies than at the old base (anywhere in the file: a
+                # `within_end` may now cut the merged text); without: a big copy in scope
+                grew = count > was if was is not None else (in_scope > 0 and _substantial(rendered))
+                if not in_scope:
+                    lo, hi = 0, len(text)       # where a copy is looked up for the message
+                try:
+                    start, end = locate(change, text, base_label)
+                except AnchorError:
+                    if grew:
+                        at = _line(text, text.index(rendered, lo, hi))
+                        report(change, MERGED, anchor=change.anchor, line=at, present=count,
+                               message=f"the anchor moved or went, but the inserted text is "
+                               f"already in {path} at line {at}")
+                        continue
+                    status, pattern, cand = _diagnose(change, text)
+                    report(change, status, anchor=pattern, candidates=cand, present=count,
+                           message=_failure_text(status, path, pattern, cand, base_label))
+                    continue
+                line = _line(text, start)
+                if (change.placement == "after" and text.startswith(rendered, end)) or \
+                        (change.placement == "before" and text.endswith(rendered, 0, start)) or \
+                        (change.placement == "replace" and rendered == text[start:end]):
+                    report(change, MERGED, anchor=change.anchor, line=line, present=count,
+                           message=f"already present upstream at the anchor (line {line})")
+                    continue
+                if was is not None and count > was:
+                    at = _line(text, text.index(rendered, lo, hi))
+                    report(change, MERGED, anchor=change.anchor, line=at, present=count,
+                           message=f"the inserted text is already in {path} at line {at} "
+                           f"(the anchor is at line {line})")
+                    continue
+                report(change, "ok", anchor=change.anchor, line=line, present=count)
+                if change.placement == "after":
+                    spans.append((end, end, rendered))
+                elif change.placement == "before":
+                    spans.append((start, start, rendered))
+                else:
+                    spans.append((start, end, rendered))
+            if text is not None and spans:
+                for s, e, rendered in sorted(spans, reverse=True):
+                    text = text[:s] + rendered + text[e:]
+                current[path] = text.encode("utf-8")
+    return reports
+
+
+def _failure_text(status: str, path: str, pattern: str, cand: list[str], label: str) -> str:
+    what, _, kind = status.partition("-")
+    first = next((ln.strip() for ln in pattern.splitlines() if ln.strip()), pattern.strip())
+    verb = "matches several times" if kind == "ambiguous" else "not found"
+    near = ("; closest candidate lines: " + " | ".join(cand)) if cand else "; no similar lines"
+    return f"{what} {verb} in {path} at {label}: {first!r}{near}"
+
+
+# ------------------------------------------------------------------------------ the pin
+def pin_text(old: Pin, new: Pin, old_text: str) -> str:
+    """The new pin.toml: the header comment kept, [upstream] moved, [sdist] kept only when
+    the new base is byte-for-byte the tree the sdist vendors."""
+    header = []
+    for line in old_text.splitlines():
+        if line.startswith("["):
+            break
+        header.append(line)
+    while header and not header[-1].strip():
+        header.pop()
+    out = header + ["", "[upstream]", f'url = "{new.url}"', f'commit = "{new.commit}"',
+                    f'tag = "{new.tag}"', ""]
+    sd = new.sdist
+    if sd is not None:
+        out += ["# The same tree, shipped inside a PyPI source distribution (kept: the new commit's",
+                "# tree is the one this sdist vendors).", "[sdist]",
+                f'package = "{sd.package}"', f'version = "{sd.version}"',
+                f'filename = "{sd.filename}"', f'sha256 = "{sd.sha256}"', f"size = {sd.size}",
+                f'subdir = "{sd.subdir}"', f'tree = "{sd.tree}"', ""]
+    elif old.sdist is not None:
+        o = old.sdist
+        out += [f"# No [sdist]: `llamacpp-mla-port rebase` moved the pin from {old.tag} "
+                f"({old.commit[:12]}).",
+                f"# The PyPI sdist {o.package} {o.version} vendors that commit, not this one, so "
+                "the",
+                "# offline fallback of `--source auto` is off until the [sdist] table "
+                "(package, version,",
+                "# filename, sha256, size, subdir, tree) of a release vendoring this commit "
+                "is added.", ""]
+    return "\n".join(out)
+
+
+def write_pin(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(text)
+    load_pin(tmp)              # never write a pin the engine cannot read
+    os.replace(tmp, path)
+
+
+# -------------------------------------------------------------------------------- rebase
+@dataclass
+class Outcome:
+    ok: bool
+    status: str                  # rebased | canary-ok | up-to-date | conflict | merged-upstream
+    old: dict
+    onto: dict
+    relation: str
+    changes: list[ChangeReport]
+    range_diff: str = ""
+    patches: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def first_failure(self) -> ChangeReport | None:
+        bad = [c for c in self.changes if c.failed or c.status == MERGED]
+        return bad[0] if bad else None
+
+    def to_json(self) -> dict:
+        first = self.first_failure
+        return {
+            "ok": self.ok, "status": self.status, "old": self.old, "onto": self.onto,
+            "relation": self.relation,
+            "first_failure": dataclasses.asdict(first) if first else None,
+            "failures": [dataclasses.asdict(c) for c in self.changes if c.failed],
+            "merged_upstream": [dataclasses.asdict(c) for c in self.changes if c.status == MERGED],
+            "changes": [dataclasses.asdict(c) for c in self.changes],
+            "range_diff": self.range_diff, "patches": self.patches, "notes": self.notes,
+        }
+
+
+@dataclass
+class RebaseOptions:
+    onto: str
+    git_url: str | None = None
+    force: bool = False
+    canary: bool = False
+    tag: str | None = None
+    templates_dir: Path = TEMPLATES_DIR
+    patches_dir: Path = PATCHES_DIR
+    work_dir: Path | None = None
+    source: str = "auto"
+    sdist_file: Path | None = None
+
+
+def _old_base(pin: Pin, opts: RebaseOptions, log) -> Base | None:
+    hit = upstream.cached(pin, "git") or upstream.cached(pin, "sdist")
+    if hit:
+        return hit
+    return upstream.obtain(pin, opts.source, opts.git_url, opts.sdist_file, log)
+
+
+def _render_commits(repo: git.Repo, series: Series, base: Base, pin: Pin) -> list[str]:
+    commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p),
+                            base_label=f"{pin.tag} ({pin.commit[:12]})", extra_vars={"pin": pin})
+    return series_mod.commit_rendered(repo, base.sha, commits, series)
+
+
+def rebase(opts: RebaseOptions, log=print) -> Outcome:
+    pin = load_pin(opts.templates_dir / "pin.toml")
+    series = load_series(opts.templates_dir)
+    target = resolve_target(opts.onto, opts.git_url, pin, opts.tag)
+    rel = relation(pin, target)
+    new_pin = dataclasses.replace(pin, commit=target.commit or pin.commit, tag=target.tag,
+                                  sdist=pin.sdist if pin.sdist and
+                                  target.base.tree == pin.sdist.tree else None)
+    old_info = {"commit": pin.commit, "tag": pin.tag}
+    onto_info = {"commit": target.commit, "tag": target.tag, "url": target.url,
+                 "source": target.base.source, "tree": target.base.tree}
+    ws = Workspace(Path(opts.work_dir) if opts.work_dir else default_work_dir())
+
+    if not opts.canary:
+        if target.commit is None:
+            raise PinError(f"{opts.onto} is a plain tree: it has no commit id the pin could name",
+                           "try it with --canary, or pass the commit in a clone "
+                           "(--onto COMMIT --git-url PATH)")
+        if rel == "older" and not opts.force:
+            raise PinError(f"{target.label} is OLDER than the pinned {pin.short}: the pin moves "
+                           "forward only", "pass a newer commit, or --force to go back on purpose")
+        if rel in ("unrelated", "unknown") and not opts.force:
+            raise PinError(f"{target.label} does not descend from the pinned {pin.short} "
+                           f"({'unrelated history' if rel == 'unrelated' else 'history unknown'}"
+                           f" in {target.url})",
+                           "pass a commit of upstream's history after the pin (a clone that "
+                           "holds both), or --force to pin it anyway")
+        if ws.tree.exists():
+            if not ws.state_path.is_file():
+                raise WorkTreeError(f"{ws.tree} exists but was not created by llamacpp-mla-port",
+                                    "move it away, or pass --work-dir DIR")
+            ws.require_clean(ws.repo())
+
+    names = None
+    try:
+        names = [n.name for n in series_mod.read_series(opts.patches_dir)]
+    except PortError:
+        pass
+    cache = upstream.cache_repo()
+    notes = []
+    old_base = None
+    try:
+        old_base = _old_base(pin, opts, log)
+    except PortError as err:
+        notes.append(f"old base {pin.short} unavailable ({err.message}): no old lines, "
+                     "no range-diff")
+    old_reports = []
+    if old_base is not None:
+        old_reports = analyse(series, lambda p: gitutil.read_blob(cache, old_base.sha, p),
+                              pin.short, {"pin": pin}, names)
+    baseline = {r.change: r.present for r in old_reports if r.present is not None} \
+        if old_reports and not any(r.failed for r in old_reports) else None
+    reports = analyse(series, lambda p: gitutil.read_blob(cache, target.base.sha, p),
+                      target.label, {"pin": new_pin}, names, baseline)
+    old_lines = {r.change: r.line for r in old_reports if r.status == "ok"}
+    for r in reports:
+        r.old_line = old_lines.get(r.change)
+
+    def outcome(ok, status, **kw) -> Outcome:
+        return Outcome(ok=ok, status=status, old=old_info, onto=onto_info, relation=rel,
+                       changes=reports, notes=notes, **kw)
+
+    if any(r.failed for r in reports):
+        return outcome(False, "conflict")
+    if any(r.status == MERGED for r in reports):
+        return outcome(False, MERGED)
+    # the diagnosis found every change: now the real render (the only producer of output)
+    try:
+        new_shas = _render_commits(cache, series, target.base, new_pin)
+    except PortError as err:
+        first = next(iter(series.commits)).slug
+        slug = next((c.slug for c in series.commits if c.slug in err.message), first)
+        reports.append(ChangeReport(commit=slug, title="", patch="", change="series/" + slug,
+                                    file="", placement="", status="render-error",
+                                    message=err.message))
+        return outcome(False, "conflict")
+    range_diff = ""
+    if old_base is not None:
+        try:
+            old_shas = _render_commits(cache, series, old_base, pin)
+            range_diff = gitutil.run(cache, "range-diff", "--no-color",
+                                     f"{old_base.sha}..{old_shas[-1]}",
+                                     f"{target.base.sha}..{new_shas[-1]}")
+        except (PortError, git.GitCommandError) as err:
+            notes.append(f"no range-diff: the old series does not render at {pin.short} "
+                         f"({getattr(err, 'message', None) or gitutil.error_text(err)})")
+    with tempfile.TemporaryDirectory(prefix="mla-port-rebase-") as tmp:
+        export_pin = new_pin if target.commit else pin
+        patches = series_mod.export(cache, target.base.sha, new_shas[-1], Path(tmp), export_pin,
+                                    series)
+        if opts.canary or rel == "same":
+            return outcome(True, "canary-ok" if opts.canary else "up-to-date",
+                           range_diff=range_diff, patches=patches)
+        pin_path = opts.templates_dir / "pin.toml"
+        write_pin(pin_path, pin_text(pin, new_pin, pin_path.read_text()))
+        series_mod.install(Path(tmp), opts.patches_dir)
+    if ws.tree.exists():
+        try:
+            # back to the old base first (the tree is clean and tool-owned: checked above):
+            # Workspace.ensure moves the base branch but leaves HEAD on the old series,
+            # which engine.patch would then refuse as a commit it did not make
+            gitutil.run(ws.repo(), "checkout", "-q", BASE_BRANCH)
+            engine.patch(engine.Options(work_dir=ws.work_dir, patches_dir=opts.patches_dir,
+                                        templates_dir=opts.templates_dir, source="git",
+                                        git_url=target.url), log=log)
+        except PortError as err:
+            notes.append(f"the pin and patches/ moved, but the work tree {ws.tree} was not "
+                         f"re-applied ({err.message}): run `make patch`")
+    return outcome(True, "rebased", range_diff=range_diff, patches=patches)
+
+
+# ---------------------------------------------------------------------------------- text
+_LABEL = {"ok": "ok", MERGED: "MERGED", "render-error": "ERROR"}
+
+
+def _label(tag: str, commit: str | None, tree: str) -> str:
+    short = (commit or tree)[:12]
+    return short if tag == short else f"{tag} ({short})"
+
+
+def format_text(o: Outcome) -> str:
+    out = [f"rebase {_label(o.old['tag'], o.old['commit'], '')} -> "
+           f"{_label(o.onto['tag'], o.onto['commit'], o.onto['tree'])}: {o.relation}"]
+    last = None
+    for c in o.changes:
+        if c.commit != last:
+            out.append(f"  {c.patch}  [series/{c.commit}]")
+            last = c.commit
+        if c.status == "ok":
+            moved = "" if c.old_line in (None, c.line) else f", was {c.old_line}"
+            where = f" (line {c.line}{moved})" if c.line is not None else ""
+            out.append(f"    ok     {c.file}{where}")
+            continue
+        out.append(f"    {_LABEL.get(c.status, 'FAILED'):<6} {c.file}: {c.status}: {c.message}")
+    for n in o.notes:
+        out.append(f"note: {n}")
+    if o.status == "conflict":
+        out.append("nothing was written: update the failing anchors in templates/series/*/"
+                   "commit.toml (the candidates above are the closest lines upstream), "
+                   "then rerun")
+    elif o.status == MERGED:
+        slugs = sorted({c.commit for c in o.changes if c.status == MERGED})
+        out.append("nothing was written: these changes are already upstream; drop them (or "
+                   f"the whole folder) from templates/series/ ({', '.join(slugs)}), then rerun")
+    elif o.status == "rebased":
+        out.append(f"pin moved to {o.onto['tag']} ({o.onto['commit']}); patches/ re-exported "
+                   f"({len(o.patches)} patches)")
+    elif o.status == "up-to-date":
+        out.append("the pin is already at that commit: nothing to do")
+    elif o.status == "canary-ok":
+        out.append(f"canary: the series renders at {o.onto['tag']}; nothing was written")
+    if o.range_diff:
+        out.append("git range-diff (old series vs new series):")
+        out.append(o.range_diff)
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------- CLI
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--onto", required=True, metavar="COMMIT|PATH",
+                        help="the newer upstream: a commit/tag/branch (of --git-url, default the "
+                             "pin's URL), a local clone (its HEAD), or a plain llama.cpp tree "
+                             "(canary only)")
+    parser.add_argument("--git-url", metavar="URL|PATH",
+                        help="the repository holding --onto (a local clone is fastest)")
+    parser.add_argument("--force", action="store_true",
+                        help="accept an older or unrelated commit (the pin normally moves "
+                             "forward only)")
+    parser.add_argument("--canary", action="store_true",
+                        help="only try: write nothing, print a JSON report, exit 1 at the "
+                             "first failing change")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--tag", help="tag name to record in the pin (default: git describe "
+                                      "--exact-match in a local clone, else the short id)")
+    parser.add_argument("--templates-dir", type=Path, default=TEMPLATES_DIR, metavar="DIR",
+                        help="the port description (default: ./templates)")
+    parser.add_argument("--patches-dir", type=Path, default=PATCHES_DIR, metavar="DIR",
+                        help="the exported series (default: ./patches)")
+    parser.add_argument("--work-dir", type=Path, metavar="DIR",
+                        help="tool-owned work dir, re-applied on success when it exists "
+                             "(default: ./work, or $MLA_PORT_WORK_DIR)")
+    parser.add_argument("--source", choices=SOURCES, default="auto",
+                        help="where the OLD pinned base comes from when not cached")
+    parser.add_argument("--sdist-file", type=Path, metavar="PATH",
+                        help="the already-downloaded sdist of the old pin")
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = RebaseOptions(onto=args.onto, git_url=args.git_url, force=args.force,
+                         canary=args.canary, tag=args.tag, templates_dir=args.templates_dir,
+                         patches_dir=args.patches_dir, work_dir=args.work_dir,
+                         source=args.source, sdist_file=args.sdist_file)
+    as_json = args.json or args.canary
+    log = (lambda *a: print(*a, file=sys.stderr)) if as_json else print
+    try:
+        o = rebase(opts, log=log)
+    except PortError as err:
+        if not as_json:
+            raise
+        print(json.dumps({"ok": False, "status": "error", "error": {
+            "kind": type(err).__name__, "message": err.message, "hint": err.hint}}, indent=2))
+        return err.exit_code
+    if as_json:
+        print(json.dumps(o.to_json(), indent=2))
+    else:
+        print(format_text(o))
+    return 0 if o.ok else 1

@@ -1,0 +1,570 @@
+"""`pr` (make pr): what a maintainer needs before proposing the series upstream.
+
+It checks and collects; it never pushes, never opens anything, and never writes a PR
+description (llama.cpp requires the description, the commit messages and the AI-use
+disclosure to be the contributor's own). Steps:
+
+1. The series is the tool's branch in the work tree (`make patch`), and patches/ match a
+   fresh render (`check`).
+2. Every commit on its own, in a tool-owned linked worktree (<work-dir>/pr/llama.cpp),
+   checked out commit after commit so that Ninja and ccache rebuild only what a commit
+   touched: the CMake build (build.ensure_build into <work-dir>/pr/build), and on the files
+   the commit touches the tree's own flake8 config (.flake8, plus the flake8-no-print
+   plugin upstream CI uses) and the tree's .editorconfig / .ecrc whitespace rules.
+3. The proof (`smoke`, llamacpp_mla_port.proof.smoke) on the series head; its JSON is kept.
+4. An evidence folder (default <work-dir>/evidence/): the series (patches/), the upstream it
+   applies to, every check result, the proof's figures, and CHECKLIST.md mirroring the
+   tree's .github/pull_request_template.md, with the AI-use disclosure left for the author.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import fnmatch
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import git
+
+from llamacpp_mla_port import PATCHES_DIR, TEMPLATES_DIR, engine, gitutil
+from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG
+from llamacpp_mla_port.errors import PortError, SeriesError, WorkTreeError
+from llamacpp_mla_port.pin import load_pin
+from llamacpp_mla_port.workspace import Workspace, default_work_dir
+
+#: what every commit must build: the library through the tools the job and the proof use,
+#: and test-llama-archs (every LLM_ARCH_ switch site handled)
+PR_TARGETS = ("test-llama-archs", "llama-speculative-simple", "llama-server")
+
+
+# ------------------------------------------------------------------------- editorconfig
+def _glob_regex(glob: str) -> str:
+    """EditorConfig glob -> regex over a /-separated path relative to the config's dir."""
+    out, i = [], 0
+    while i < len(glob):
+        c = glob[i]
+        if c == "*":
+            if glob.startswith("**", i):
+                out.append(".*")
+                i += 2
+                continue
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "{":
+            j = glob.find("}", i)
+            if j == -1:
+                out.append(re.escape(c))
+            else:
+                out.append("(?:" + "|".join(_glob_regex(p) for p in glob[i + 1:j].split(",")) + ")")
+                i = j
+        elif c == "[":
+            j = glob.find("]", i)
+            if j == -1:
+                out.append(re.escape(c))
+            else:
+                body = glob[i + 1:j]
+                out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+@dataclass
+class EditorConfig:
+    sections: list[tuple[re.Pattern, dict[str, str]]]
+    excludes: list[re.Pattern] = field(default_factory=list)   # .ecrc "Exclude"
+    disabled: set[str] = field(default_factory=set)            # .ecrc "Disable"
+
+    @classmethod
+    def load(cls, tree: Path) -> "EditorConfig":
+        sections: list[tuple[re.Pattern, dict[str, str]]] = []
+        path = tree / ".editorconfig"
+        if path.is_file():
+            current = None
+            for raw in path.read_text(encoding="utf-8").splitlines():
+                line = raw.strip()
+                if not line or line[0] in "#;":
+                    continue
+                if line.startswith("[") and line.endswith("]"):
+                    glob = line[1:-1]
+                    glob = glob[1:] if glob.startswith("/") else (glob if "/" in glob else "**/" + glob)
+                    rx = _glob_regex(glob)
+                    if rx.startswith(".*/"):                  # `**/x` also matches top-level x
+                        rx = "(?:.*/)?" + rx[3:]
+                    current = {}
+                    sections.append((re.compile(rf"^{rx}$"), current))
+                elif "=" in line and current is not None:
+                    k, v = line.split("=", 1)
+                    current[k.strip().lower()] = v.strip().lower()
+        excludes, disabled = [], set()
+        ecrc = tree / ".ecrc"
+        if ecrc.is_file():
+            data = json.loads(ecrc.read_text(encoding="utf-8"))
+            excludes = [re.compile(p) for p in data.get("Exclude", [])]
+            disabled = {k for k, v in data.get("Disable", {}).items() if v}
+        return cls(sections, excludes, disabled)
+
+    def properties(self, rel: str) -> dict[str, str]:
+        props: dict[str, str] = {}
+        for rx, values in self.sections:
+            if rx.match(rel):
+                props.update(values)
+        return {k: v for k, v in props.items() if v != "unset"}
+
+    def excluded(self, rel: str) -> bool:
+        return any(rx.search(rel) for rx in self.excludes)
+
+
+@dataclass
+class Finding:
+    check: str      # "flake8" | "editorconfig" | "build"
+    file: str
+    line: int | None
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.code} {self.message}"
+
+
+def whitespace_findings(tree: Path, files: Iterable[str],
+                        config: EditorConfig | None = None) -> list[Finding]:
+    """The tree's .editorconfig rules (as editorconfig-checker applies them with the tree's
+    .ecrc) on `files`: final newline, trailing whitespace, line endings, tab indentation
+    where spaces are required, UTF-8. Indent sizes are not checked (llama.cpp's .ecrc
+    disables that); tab-style sections are not checked for stray spaces."""
+    config = config or EditorConfig.load(tree)
+    out: list[Finding] = []
+    for rel in sorted(set(files)):
+        path = tree / rel
+        if not path.is_file() or config.excluded(rel):
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:
+            continue                                   # binary: the checker skips it too
+        props = config.properties(rel)
+
+        def add(code: str, line: int | None, msg: str) -> None:
+            out.append(Finding("editorconfig", rel, line, code, msg))
+
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            if props.get("charset") == "utf-8":
+                add("Charset", None, f"not UTF-8 ({err.reason} at byte {err.start})")
+            continue
+        lines = text.split("\n")
+        if props.get("insert_final_newline") == "true" and "InsertFinalNewline" not in \
+                config.disabled and text and not text.endswith("\n"):
+            add("InsertFinalNewline", len(lines), "no newline at the end of the file")
+        if props.get("insert_final_newline") == "false" and text.endswith("\n") and \
+                "InsertFinalNewline" not in config.disabled:
+            add("InsertFinalNewline", len(lines) - 1, "newline at the end of the file")
+        for no, line in enumerate(lines, 1):
+            if props.get("end_of_line") == "lf" and line.endswith("\r") and \
+                    "EndOfLine" not in config.disabled:
+                add("EndOfLine", no, "CRLF line ending (lf required)")
+            body = line.rstrip("\r")
+            if props.get("trim_trailing_whitespace") == "true" and body != body.rstrip(" \t") \
+                    and "TrimTrailingWhitespace" not in config.disabled:
+                add("TrimTrailingWhitespace", no, "trailing whitespace")
+            if props.get("indent_style") == "space" and "Indentation" not in config.disabled:
+                indent = body[:len(body) - len(body.lstrip(" \t"))]
+                if "\t" in indent:
+                    add("Indentation", no, "tab in indentation (indent_style = space)")
+    return out
+
+
+# ------------------------------------------------------------------------------- flake8
+_FLAKE8_LINE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+):(?P<col>\d+): (?P<code>\S+) (?P<msg>.*)$")
+
+
+def flake8_excludes(config: Path) -> list[str]:
+    """The `exclude` patterns of a .flake8 (comments and blank entries dropped)."""
+    parser = configparser.ConfigParser()
+    parser.read_string(config.read_text(encoding="utf-8"))
+    raw = parser.get("flake8", "exclude", fallback="")
+    out = []
+    for line in raw.splitlines():
+        for part in line.split("#", 1)[0].split(","):
+            if part.strip():
+                out.append(part.strip())
+    return out
+
+
+def flake8_findings(tree: Path, files: Iterable[str]) -> list[Finding]:
+    """flake8 with the tree's own .flake8 on the touched Python `files`, as upstream CI runs
+    it (`flake8` over the tree, with the flake8-no-print plugin): the config's `exclude`
+    patterns are matched against every path component, as flake8 does while walking."""
+    py = sorted({f for f in files if f.endswith(".py") and (tree / f).is_file()})
+    config = tree / ".flake8"
+    if not py:
+        return []
+    if not config.is_file():
+        return [Finding("flake8", ".flake8", None, "config", "the tree has no .flake8: not checked")]
+    excludes = flake8_excludes(config)
+    py = [f for f in py if not any(fnmatch.fnmatch(part, pat) or fnmatch.fnmatch(f, pat)
+                                   for part in Path(f).parts for pat in excludes)]
+    if not py:
+        return []
+    out = []
+    if importlib.util.find_spec("flake8_no_print") is None:
+        out.append(Finding("flake8", "", None, "plugin",
+                           "flake8-no-print (used by upstream CI) is not installed: NP100 "
+                           "print() findings were not checked"))
+    proc = subprocess.run([sys.executable, "-m", "flake8", "--config", str(config), *py],
+                          cwd=tree, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        m = _FLAKE8_LINE.match(line.strip())
+        if m:
+            out.append(Finding("flake8", m["file"].removeprefix("./"), int(m["line"]), m["code"],
+                               m["msg"]))
+    if proc.returncode not in (0, 1) or (proc.returncode == 1 and not out):
+        out.append(Finding("flake8", "", None, "error", (proc.stderr or proc.stdout).strip()[-500:]))
+    return out
+
+
+# ----------------------------------------------------------------------- per-commit checks
+@dataclass
+class CommitCheck:
+    sha: str
+    title: str
+    files: list[str]
+    build_ok: bool | None = None         # None: not built (--skip-build)
+    build_seconds: float | None = None
+    build_error: str = ""
+    findings: list[Finding] = field(default_factory=list)
+    #: compiler warnings in files this commit touches (informational: a touched file may
+    #: have had them before; the reviewer decides)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.build_ok is not False and not self.findings
+
+
+BuildFn = Callable[[Path, Path, list[str]], object]
+
+
+def _default_build(jobs: int | None) -> BuildFn:
+    def build(tree: Path, build_dir: Path, targets: list[str]) -> object:
+        from llamacpp_mla_port.build import ensure_build
+        # ccache hashes paths relative to the build dir below this base: a moved work dir
+        # (or another checkout laid out the same way) still hits the cache
+        os.environ.setdefault("CCACHE_BASEDIR", str(Path(tree).parent))
+        return ensure_build(tree, build_dir, targets, jobs=jobs, echo=False)
+    return build
+
+
+def series_commits(repo: Path, base: str, head: str) -> list[tuple[str, str]]:
+    out = gitutil.run(repo, "log", "--reverse", "--format=%H %s", f"{base}..{head}")
+    return [tuple(line.split(" ", 1)) for line in out.splitlines() if line.strip()]
+
+
+def touched_files(repo: Path, sha: str) -> list[str]:
+    out = gitutil.run(repo, "diff-tree", "--no-commit-id", "--name-only", "--diff-filter=d",
+                      "-r", sha)
+    return [f for f in out.splitlines() if f]
+
+
+def touched_warnings(log_path: Path, files: list[str]) -> list[str]:
+    """Compiler warnings of the last build that point into one of `files`."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        if ": warning:" in line and any(f"/{f}:" in line or line.startswith(f"{f}:")
+                                        for f in files):
+            if line.strip() not in out:
+                out.append(line.strip())
+    return out
+
+
+def check_commits(repo: Path, base: str, head: str, checkout: Path, build_dir: Path,
+                  targets: list[str], build: BuildFn | None, log=print) -> list[CommitCheck]:
+    """Check out every commit of base..head in the tool-owned worktree `checkout`, in order,
+    and build + lint it there. `build=None` skips the build (lint only)."""
+    if (checkout / ".git").exists():
+        try:
+            gitutil.run(checkout, "rev-parse", "--git-dir")
+        except git.GitCommandError:     # its main repository was re-created: start again
+            shutil.rmtree(checkout)
+    if not (checkout / ".git").exists():
+        checkout.parent.mkdir(parents=True, exist_ok=True)
+        gitutil.run(repo, "worktree", "prune")
+        gitutil.run(repo, "worktree", "add", "-q", "--detach", "-f", str(checkout), base)
+    results = []
+    for sha, title in series_commits(repo, base, head):
+        gitutil.run(checkout, "checkout", "-q", "-f", "--detach", sha)
+        gitutil.run(checkout, "clean", "-q", "-fdx")   # tool-owned: no leftovers between commits
+        files = touched_files(repo, sha)
+        check = CommitCheck(sha=sha, title=title, files=files)
+        config = EditorConfig.load(checkout)
+        check.findings += flake8_findings(checkout, files)
+        check.findings += whitespace_findings(checkout, files, config)
+        if build is not None:
+            log(f"pr: building {sha[:12]} {title}")
+            t0 = time.monotonic()
+            (build_dir / BUILD_LOG).unlink(missing_ok=True)   # never read a stale log
+            try:
+                build(checkout, build_dir, list(targets))
+                check.build_ok = True
+            except PortError as err:
+                check.build_ok = False
+                check.build_error = str(err)[-4000:]
+            check.build_seconds = round(time.monotonic() - t0, 1)
+            check.warnings = touched_warnings(build_dir / BUILD_LOG, files)
+        log(f"pr: {sha[:12]} {'ok' if check.ok else 'FAILED'} {title}")
+        results.append(check)
+    return results
+
+
+# ------------------------------------------------------------------------------- proof
+def run_smoke(tree: Path, build_dir: Path, extra: list[str], log=print) -> dict:
+    """`llamacpp-mla-port smoke` on the series head, as a subprocess; its JSON report."""
+    if importlib.util.find_spec("llamacpp_mla_port.proof.smoke") is None:
+        return {"ok": False, "status": "missing",
+                "error": "llamacpp_mla_port.proof.smoke is not installed: the proof was not run"}
+    cmd = [sys.executable, "-m", "llamacpp_mla_port", "smoke", "--tree", str(tree),
+           "--build", str(build_dir), *extra]
+    log(f"pr: running the proof: {' '.join(cmd[2:])}")
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    except ValueError:
+        report = {"ok": False, "error": "the proof printed no JSON report",
+                  "stdout_tail": proc.stdout[-3000:]}
+    report["exit_code"] = proc.returncode
+    report["stderr_tail"] = proc.stderr[-3000:]
+    report.setdefault("seconds", round(time.monotonic() - t0, 1))
+    return report
+
+
+def proof_summary(smoke: dict) -> dict:
+    """The figures a reviewer asks for, pulled out of the proof's report."""
+    out: dict = {"ok": smoke.get("ok"), "stages": {k: v.get("ok") for k, v in
+                                                   smoke.get("stages", {}).items()}}
+    parity = smoke.get("parity") or {}
+    out["parity_worst_nmse"] = {cfg: {m: e.get("worst_nmse") for m, e in v.get("modes", {}).items()}
+                                for cfg, v in parity.items()}
+    out["kv_bytes_per_token"] = {cfg: {k: v[k] for k in v if k.startswith("draft_kv_bytes")}
+                                 for cfg, v in parity.items()}
+    lossless = smoke.get("lossless") or {}
+    if lossless:
+        out["lossless"] = {k: lossless[k] for k in lossless
+                           if k.startswith("n_") or k in ("runs", "mismatches")}
+    if "target_side" in smoke:
+        out["target_side"] = smoke["target_side"]
+    return out
+
+
+# ---------------------------------------------------------------------------- checklist
+def _strip_comments(text: str) -> str:
+    # the template's HTML comments are guidance for humans (and one addressed to tools);
+    # they are data, never instructions, and are not copied
+    return re.sub(r"<!--.*?-->", "", text, flags=re.S)
+
+
+def checklist(template: str | None, checks: dict) -> str:
+    """CHECKLIST.md: the PR template's sections and requirements as boxes for the author,
+    then what the tool verified. It is NOT a PR description and has none to paste."""
+    ok = lambda b: "x" if b else " "          # noqa: E731
+    lines = ["# Before opening a pull request: checklist for the author", "",
+             "Prepared by `llamacpp-mla-port pr`. This is not a PR description: the tool "
+             "writes none. The description, the commit messages (the drafts live in "
+             "templates/series/*/message.txt.j2: rewrite them in your words) and every "
+             "answer below are yours, and you must understand and be able to defend every "
+             "line of the series. Nothing was pushed or submitted.", ""]
+    lines += ["## The tree's pull request template (.github/pull_request_template.md)", ""]
+    if template is None:
+        lines += ["- [ ] The base tree has no .github/pull_request_template.md: read "
+                  "CONTRIBUTING.md for what the PR must contain", ""]
+    else:
+        for raw in _strip_comments(template).splitlines():
+            line = raw.strip()
+            if line.startswith("#"):
+                title = line.lstrip("#").strip()
+                lines += [f"### {title}", ""]
+                if title.lower() in ("overview", "additional information"):
+                    lines += ["- [ ] Written by you (the tool leaves this section to you)", ""]
+            elif line.startswith(("- ", "* ")):
+                item = line[2:].strip().rstrip(":").strip()
+                if "ai usage" in item.lower() or "ai use" in item.lower():
+                    lines += [f"- [ ] {item} (fill this in yourself: YES or NO, and if YES "
+                              "how AI was used. Note: this tool and the series' templates were "
+                              "prepared with AI assistance)", ""]
+                else:
+                    lines += [f"- [ ] {item}", ""]
+    c = checks
+    lines += ["## llama.cpp contributor rules (CONTRIBUTING.md, AGENTS.md)", "",
+              "- [ ] One feature per PR; a new model starts with CPU support only",
+              "- [ ] Commit titles are `<module> : <title>`; messages rewritten in your words",
+              "- [ ] `llama-perplexity` / `llama-bench` run by you for performance (not run by "
+              "the tool)",
+              "- [ ] You ran the repository's CI locally (the tool covers the checks below only)",
+              "", "## Verified by the tool (evidence in this folder)", "",
+              f"- [{ok(c.get('patches_match'))}] patches/ equal a fresh render of templates/ "
+              "(series/)",
+              f"- [{ok(c.get('builds'))}] every commit builds on its own: {c.get('build_note', '')}",
+              f"- [{ok(c.get('flake8'))}] flake8 with the tree's .flake8 on touched Python files",
+              f"- [{ok(c.get('whitespace'))}] .editorconfig/.ecrc whitespace rules on touched files",
+              f"- [{ok(c.get('proof'))}] the proof (`make smoke`): parity NMSE, lossless "
+              "speculative decoding, KV bytes per token (proof.json, summary.json)",
+              ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ the kit
+@dataclass
+class PrOptions:
+    work_dir: Path | None = None
+    patches_dir: Path = PATCHES_DIR
+    templates_dir: Path = TEMPLATES_DIR
+    evidence: Path | None = None
+    build_dir: Path | None = None
+    targets: tuple[str, ...] = PR_TARGETS
+    jobs: int | None = None
+    skip_build: bool = False
+    skip_smoke: bool = False
+    smoke_args: tuple[str, ...] = ()
+
+
+def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=print) -> dict:
+    ws = Workspace(Path(opts.work_dir) if opts.work_dir else default_work_dir())
+    if not ws.state_path.is_file():
+        raise WorkTreeError(f"no tool work tree at {ws.tree}", "run `make patch` first")
+    repo = ws.repo()
+    state = ws.state()
+    ws.require_clean(repo)
+    head = gitutil.run(repo, "rev-parse", "HEAD")
+    if state.get("status") != "applied" or state.get("head") != head:
+        raise SeriesError(f"the series is not applied in {ws.tree}", "run `make patch` first")
+    drift = engine.check(engine.Options(work_dir=ws.work_dir, patches_dir=opts.patches_dir,
+                                        templates_dir=opts.templates_dir), log=log)
+    pin = load_pin(opts.templates_dir / "pin.toml")
+    base = state["base"]
+    evidence = Path(opts.evidence) if opts.evidence else ws.work_dir / "evidence"
+    build_dir = Path(opts.build_dir) if opts.build_dir else ws.work_dir / "pr" / "build"
+    if build is None and not opts.skip_build:
+        build = _default_build(opts.jobs)
+    commits = check_commits(ws.tree, base, head,
+                            ws.work_dir / "pr" / "llama.cpp", build_dir, list(opts.targets),
+                            None if opts.skip_build else build, log)
+    proof = {"ok": None, "status": "skipped"} if opts.skip_smoke else \
+        smoke(ws.tree, ws.build_dir, list(opts.smoke_args), log)
+
+    findings = [f for c in commits for f in c.findings]
+    checks = {
+        "patches_match": drift == "",
+        "builds": None if opts.skip_build else all(c.build_ok for c in commits),
+        "build_note": ("skipped (--skip-build)" if opts.skip_build else
+                       f"{len(commits)} commits, targets {' '.join(opts.targets)}"),
+        "flake8": not any(f.check == "flake8" for f in findings),
+        "whitespace": not any(f.check == "editorconfig" for f in findings),
+        "proof": proof.get("ok"),
+    }
+    # the evidence folder is rewritten whole: stale files from an older run would mislead
+    shutil.rmtree(evidence, ignore_errors=True)
+    (evidence / "series").mkdir(parents=True)
+    for p in sorted(opts.patches_dir.iterdir()):
+        if p.is_file():
+            shutil.copy2(p, evidence / "series" / p.name)
+    upstream_info = {
+        "url": pin.url, "commit": pin.commit, "tag": pin.tag,
+        "applies_to": f"{pin.commit} (exactly: rerun `llamacpp-mla-port rebase --canary "
+                      f"--onto <newer>` to try a newer upstream)",
+        "base_in_work_tree": base, "base_tree": gitutil.run(repo, "rev-parse", f"{base}^{{tree}}"),
+        "series_range": f"{base}..{head}", "source": state.get("source"),
+    }
+    build_summary = {
+        "targets": list(opts.targets), "skipped": opts.skip_build,
+        "commits": [{"sha": c.sha, "title": c.title, "ok": c.build_ok, "seconds": c.build_seconds,
+                     "error": c.build_error, "warnings_in_touched_files": c.warnings}
+                    for c in commits],
+    }
+    results = {
+        "ok": all(v is not False for k, v in checks.items() if k != "build_note"),
+        "skipped": [k for k, v in checks.items() if v is None],
+        "checks": checks,
+        "patches_drift": drift,
+        "commits": [{**asdict(c), "ok": c.ok, "findings": [asdict(f) for f in c.findings]}
+                    for c in commits],
+        "build": build_summary,
+        "proof_summary": proof_summary(proof) if proof.get("status") != "skipped" else None,
+    }
+    (evidence / "upstream.json").write_text(json.dumps(upstream_info, indent=2) + "\n")
+    (evidence / "checks.json").write_text(json.dumps(results, indent=2) + "\n")
+    (evidence / "proof.json").write_text(json.dumps(proof, indent=2) + "\n")
+    (evidence / "summary.json").write_text(json.dumps(
+        {"ok": results["ok"], "checks": checks, "upstream": upstream_info,
+         "build": build_summary, "proof": results["proof_summary"]}, indent=2) + "\n")
+    template = gitutil.read_blob(repo, base, ".github/pull_request_template.md")
+    (evidence / "CHECKLIST.md").write_text(
+        checklist(template.decode("utf-8") if template is not None else None, checks))
+    skipped = [k for k, v in checks.items() if v is None]
+    verdict = "all checks that ran pass" if results["ok"] else "SOME CHECKS FAIL"
+    log(f"pr: evidence in {evidence} ({verdict}"
+        f"{'; skipped: ' + ', '.join(skipped) if skipped else ''}; complete CHECKLIST.md "
+        "yourself); nothing was pushed")
+    return {"evidence": evidence, **results}
+
+
+# ---------------------------------------------------------------------------------- CLI
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--work-dir", type=Path, metavar="DIR",
+                        help="tool-owned work dir with the applied series (default: ./work)")
+    parser.add_argument("--patches-dir", type=Path, default=PATCHES_DIR, metavar="DIR")
+    parser.add_argument("--templates-dir", type=Path, default=TEMPLATES_DIR, metavar="DIR")
+    parser.add_argument("--evidence", type=Path, metavar="DIR",
+                        help="where the evidence folder goes (default: <work-dir>/evidence)")
+    parser.add_argument("--build-dir", type=Path, metavar="DIR",
+                        help="build dir of the per-commit builds (default: <work-dir>/pr/build)")
+    parser.add_argument("--target", dest="targets", action="append", metavar="TARGET",
+                        help=f"target every commit must build (default: {' '.join(PR_TARGETS)})")
+    parser.add_argument("-j", "--jobs", type=int, default=None)
+    parser.add_argument("--skip-build", action="store_true",
+                        help="lint only: do not build each commit (the evidence says so)")
+    parser.add_argument("--skip-smoke", action="store_true",
+                        help="do not run the proof (the evidence says so)")
+    parser.add_argument("--smoke-arg", dest="smoke_args", action="append", default=[],
+                        metavar="ARG", help="passed to `smoke` (e.g. --smoke-arg=--quick)")
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = PrOptions(work_dir=args.work_dir, patches_dir=args.patches_dir,
+                     templates_dir=args.templates_dir, evidence=args.evidence,
+                     build_dir=args.build_dir, targets=tuple(args.targets or PR_TARGETS),
+                     jobs=args.jobs, skip_build=args.skip_build, skip_smoke=args.skip_smoke,
+                     smoke_args=tuple(args.smoke_args))
+    result = make_pr(opts)
+    for c in result["commits"]:
+        print(f"{c['sha'][:12]} {'ok    ' if c['ok'] else 'FAILED'} {c['title']}")
+        if c["build_ok"] is False:
+            print("    build: " + c["build_error"].splitlines()[0])
+        for w in c["warnings"]:
+            print(f"    warning (touched file): {w}")
+        for f in c["findings"]:
+            print(f"    {f['check']}: {f['file']}:{f['line'] or ''}: {f['code']} {f['message']}")
+    for k, v in result["checks"].items():
+        if k != "build_note":
+            print(f"{k:14} {'skipped' if v is None else 'ok' if v else 'FAILED'}")
+    print(f"evidence: {result['evidence']} (CHECKLIST.md is for you to complete; nothing was "
+          "pushed and no PR description was written)")
+    return 0 if result["ok"] else 1
