@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "write the tiny offline test models (checkpoints and GGUFs)"),
     "draft-logits": ("llamacpp_mla_port.proof.draft_logits",
                      "run the patched llama.cpp draft on given features and tokens, write .npy logits"),
+    "target-features": ("llamacpp_mla_port.proof.target_features",
+                        "dump the hidden states the patched Kimi-K3 target hands a draft"),
     "smoke": ("llamacpp_mla_port.proof.smoke",
               "build, make fixtures, run parity and lossless checks, print one JSON report"),
     "pr": ("llamacpp_mla_port.upstream_kit",

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import git
+import unidiff
 
 from llamacpp_mla_port import gitutil
 from llamacpp_mla_port.errors import SeriesError
@@ -74,11 +75,22 @@ def export(repo: git.Repo, base_sha: str, head_sha: str, out_dir: Path, pin: Pin
         "base": {"url": pin.url, "commit": pin.commit, "tag": pin.tag},
         "generator": "llamacpp-mla-port",
         "apply": "git am -3 $(sed 's|^|patches/|' patches/series)",
-        "patches": [{"name": n, "sha256": hashlib.sha256((out_dir / n).read_bytes()).hexdigest()}
-                    for n in names],
+        "patches": [patch_entry(out_dir / n) for n in names],
     }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return names
+
+
+def patch_entry(path: Path) -> dict:
+    """Manifest entry of one patch: its sha256 and, parsed with unidiff, what it touches."""
+    data = path.read_bytes()
+    parsed = unidiff.PatchSet(data.decode("utf-8"))
+    return {
+        "name": path.name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "files": [{"path": f.path, "added": f.added, "removed": f.removed,
+                   "new": f.is_added_file} for f in parsed],
+    }
 
 
 def managed_files(patches_dir: Path) -> list[str]:

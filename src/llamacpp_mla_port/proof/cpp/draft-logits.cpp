@@ -1,0 +1,437 @@
+// draft-logits: run a (patched) llama.cpp DFlash/DSpark draft on given target features and
+// block token ids, and write what it computes as .npy files.
+//
+// It drives the draft through the public API the way common/speculative.cpp does:
+//   * the draft context gets ctx_other = a context of the TARGET model (token embeddings and
+//     lm_head come from there), non-causal attention, nextn embeddings (masked) for the
+//     confidence head;
+//   * one embd batch of feature rows (taps x target n_embd floats each) at the context
+//     positions fills the draft's KV cache (context injection, no outputs);
+//   * one token batch [anchor, MASK...] at the following positions, every row an output.
+//
+// Outputs (in --out):
+//   biased_logits.npy  f4 [B, V]  what llama.cpp returns (Markov-biased when the draft has a Markov head)
+//   chain.npy          i4 [B]     argmax of each returned row (the in-graph greedy chain)
+//   hidden.npy         f4 [B, E]  the draft's final-normed hidden state (llama_get_embeddings_ith)
+//   base_logits.npy    f8 [B, V]  hidden x the target's output.weight, in double: llama.cpp does
+//                                 not return the unbiased logits when the Markov head runs, so they
+//                                 are rebuilt from llama.cpp's own hidden state and the target head
+//   confidence.npy     f4 [B]     sigmoid confidence (nextn output), only with a confidence head
+//   meta.json                     sizes and what ran
+#include "llama.h"
+#include "llama-ext.h"
+#include "gguf.h"
+#include "ggml.h"
+
+#include "npy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+struct args_t {
+    std::string draft, target, features, tokens, out;
+    int32_t ctx_pos0   = 0;
+    int32_t block_pos0 = -1;
+    int32_t threads    = 2;
+    std::string flash_attn = "off";
+    std::string cache_type = "f16";
+    bool verbose = false;
+};
+
+static std::string g_log;
+static bool        g_verbose = false;
+
+static void log_cb(ggml_log_level level, const char * text, void * /*user*/) {
+    g_log += text;
+    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) {
+        std::fputs(text, stderr);
+    }
+}
+
+[[noreturn]] static void die(const std::string & msg) {
+    // the llama.cpp log first, the error last: callers read the tail
+    if (!g_verbose && !g_log.empty()) {
+        std::fprintf(stderr, "--- llama.cpp log (last 2000 chars) ---\n%s\n---\n",
+                     g_log.substr(g_log.size() > 2000 ? g_log.size() - 2000 : 0).c_str());
+    }
+    std::fprintf(stderr, "draft-logits: error: %s\n", msg.c_str());
+    std::exit(1);
+}
+
+static void usage() {
+    std::fprintf(stderr,
+        "usage: draft-logits --draft D.gguf --target T.gguf --features F.npy --tokens IDS --out DIR\n"
+        "                    [--ctx-pos0 N] [--block-pos0 N] [--flash-attn on|off] [--cache-type f16|f32|bf16]\n"
+        "                    [--threads N] [--verbose]\n"
+        "  F.npy: [C, taps * target_n_embd] float32/float64 target features for positions ctx-pos0 .. ctx-pos0+C-1\n"
+        "  IDS:   comma-separated token ids or an int .npy: the block [anchor, MASK, ...] at block-pos0 (default ctx-pos0+C)\n");
+}
+
+static args_t parse_args(int argc, char ** argv) {
+    args_t a;
+    for (int i = 1; i < argc; ++i) {
+        const std::string k = argv[i];
+        auto val = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                usage();
+                die("missing value for " + k);
+            }
+            return argv[++i];
+        };
+        if      (k == "--draft")      a.draft = val();
+        else if (k == "--target")     a.target = val();
+        else if (k == "--features")   a.features = val();
+        else if (k == "--tokens")     a.tokens = val();
+        else if (k == "--out")        a.out = val();
+        else if (k == "--ctx-pos0")   a.ctx_pos0 = std::stoi(val());
+        else if (k == "--block-pos0") a.block_pos0 = std::stoi(val());
+        else if (k == "--threads")    a.threads = std::stoi(val());
+        else if (k == "--flash-attn") a.flash_attn = val();
+        else if (k == "--cache-type") a.cache_type = val();
+        else if (k == "--verbose")    a.verbose = true;
+        else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
+        else { usage(); die("unknown argument " + k); }
+    }
+    if (a.draft.empty() || a.target.empty() || a.features.empty() || a.tokens.empty() || a.out.empty()) {
+        usage();
+        die("--draft, --target, --features, --tokens and --out are required");
+    }
+    return a;
+}
+
+static std::vector<llama_token> parse_tokens(const std::string & s) {
+    std::vector<llama_token> ids;
+    if (s.size() > 4 && s.substr(s.size() - 4) == ".npy") {
+        npy_array a = npy_load(s);
+        for (int64_t i = 0; i < a.size(); ++i) {
+            ids.push_back(a.at<llama_token>(i));
+        }
+        return ids;
+    }
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        ids.push_back((llama_token) std::stol(item));
+    }
+    return ids;
+}
+
+static ggml_type parse_cache_type(const std::string & s) {
+    if (s == "f16")  return GGML_TYPE_F16;
+    if (s == "f32")  return GGML_TYPE_F32;
+    if (s == "bf16") return GGML_TYPE_BF16;
+    if (s == "q8_0") return GGML_TYPE_Q8_0;
+    die("unsupported --cache-type " + s + " (f16, f32, bf16, q8_0)");
+}
+
+static std::string meta_str(const llama_model * model, const char * key) {
+    char buf[256] = {};
+    if (llama_model_meta_val_str(model, key, buf, sizeof(buf)) < 0) {
+        return "";
+    }
+    return buf;
+}
+
+// One tensor of a GGUF file as float32 rows, read straight from the file (no full load).
+static std::vector<float> read_gguf_tensor_f32(const std::string & path, const char * name, int64_t & ne0, int64_t & ne1) {
+    gguf_init_params params = { /*no_alloc =*/ true, /*ctx =*/ nullptr };
+    gguf_context * g = gguf_init_from_file(path.c_str(), params);
+    if (!g) {
+        die("cannot read GGUF " + path);
+    }
+    const int64_t id = gguf_find_tensor(g, name);
+    if (id < 0) {
+        gguf_free(g);
+        die(path + " has no tensor " + name);
+    }
+    const int64_t * ne = gguf_get_tensor_ne(g, id);
+    ne0 = ne[0];
+    ne1 = ne[1];
+    const ggml_type type = gguf_get_tensor_type(g, id);
+    const size_t offset  = gguf_get_data_offset(g) + gguf_get_tensor_offset(g, id);
+    const size_t nbytes  = gguf_get_tensor_size(g, id);
+    gguf_free(g);
+
+    std::vector<char> raw(nbytes);
+    FILE * f = std::fopen(path.c_str(), "rb");
+    if (!f || std::fseek(f, (long) offset, SEEK_SET) != 0 || std::fread(raw.data(), 1, nbytes, f) != nbytes) {
+        if (f) {
+            std::fclose(f);
+        }
+        die(std::string("cannot read tensor ") + name + " from " + path);
+    }
+    std::fclose(f);
+
+    std::vector<float> out((size_t) (ne0 * ne1));
+    if (type == GGML_TYPE_F32) {
+        std::memcpy(out.data(), raw.data(), out.size() * sizeof(float));
+    } else {
+        const auto * traits = ggml_get_type_traits(type);
+        if (!traits->to_float) {
+            die(std::string("tensor ") + name + " has type " + ggml_type_name(type) + " with no float conversion");
+        }
+        const size_t row_bytes = ggml_row_size(type, ne0);
+        for (int64_t r = 0; r < ne1; ++r) {
+            traits->to_float(raw.data() + r * row_bytes, out.data() + r * ne0, ne0);
+        }
+    }
+    return out;
+}
+
+static bool gguf_has_tensor(const std::string & path, const char * name) {
+    gguf_init_params params = { /*no_alloc =*/ true, /*ctx =*/ nullptr };
+    gguf_context * g = gguf_init_from_file(path.c_str(), params);
+    if (!g) {
+        die("cannot read GGUF " + path);
+    }
+    const bool has = gguf_find_tensor(g, name) >= 0;
+    gguf_free(g);
+    return has;
+}
+
+static std::string json_escape(const std::string & s) {
+    std::string o;
+    for (char c : s) {
+        if (c == '"' || c == '\\') {
+            o += '\\';
+        }
+        if (c == '\n') {
+            o += "\\n";
+            continue;
+        }
+        o += c;
+    }
+    return o;
+}
+
+static int run(int argc, char ** argv) {
+    const args_t args = parse_args(argc, argv);
+    g_verbose = args.verbose;
+    llama_log_set(log_cb, nullptr);
+    llama_backend_init();
+
+    npy_array feats = npy_load(args.features);
+    if (feats.shape.size() != 2) {
+        die("--features must be a 2-D array [n_ctx, taps * n_embd]");
+    }
+    const int64_t n_ctx_rows = feats.shape[0];
+    const int64_t width      = feats.shape[1];
+    std::vector<float> feat_f32((size_t) feats.size());
+    for (int64_t i = 0; i < feats.size(); ++i) {
+        feat_f32[i] = feats.at<float>(i);
+    }
+    const std::vector<llama_token> block = parse_tokens(args.tokens);
+    const int32_t n_block = (int32_t) block.size();
+    if (n_block == 0) {
+        die("--tokens is empty");
+    }
+    const int32_t block_pos0 = args.block_pos0 >= 0 ? args.block_pos0 : args.ctx_pos0 + (int32_t) n_ctx_rows;
+
+    llama_model_params mparams = llama_model_default_params();
+    mparams.n_gpu_layers = 0;
+    llama_model * model_tgt = llama_model_load_from_file(args.target.c_str(), mparams);
+    if (!model_tgt) {
+        die("cannot load target " + args.target);
+    }
+    llama_model * model_dft = llama_model_load_from_file(args.draft.c_str(), mparams);
+    if (!model_dft) {
+        die("cannot load draft " + args.draft);
+    }
+    if (meta_str(model_dft, "general.architecture") != "dflash") {
+        die(args.draft + " is not a dflash draft (general.architecture = " + meta_str(model_dft, "general.architecture") + ")");
+    }
+
+    const int32_t n_embd_tgt = llama_model_n_embd(model_tgt);
+    const int32_t n_embd_dft = llama_model_n_embd(model_dft);
+    const int32_t n_taps     = (int32_t) llama_model_target_layer_ids_n(model_dft);
+    const int32_t n_vocab    = llama_vocab_n_tokens(llama_model_get_vocab(model_tgt));
+    if (width != (int64_t) n_taps * n_embd_tgt) {
+        die("features are " + std::to_string(width) + " wide, the draft expects " + std::to_string(n_taps) +
+            " taps x " + std::to_string(n_embd_tgt) + " = " + std::to_string((int64_t) n_taps * n_embd_tgt));
+    }
+    const std::string block_size_s = meta_str(model_dft, "dflash.block_size");
+    const bool has_markov = gguf_has_tensor(args.draft, "markov_w1.weight");
+    const bool has_conf   = has_markov && gguf_has_tensor(args.draft, "conf_proj.weight");
+    if (has_markov && !block_size_s.empty() && n_block > std::atoi(block_size_s.c_str())) {
+        die("block of " + std::to_string(n_block) + " tokens exceeds dflash.block_size " + block_size_s +
+            ": llama.cpp would silently skip the Markov head");
+    }
+
+    // target context: only a provider of token embeddings and lm_head (ctx_other), never decoded
+    llama_context_params cp_tgt = llama_context_default_params();
+    cp_tgt.n_ctx     = 64;
+    cp_tgt.n_batch   = 64;
+    cp_tgt.n_ubatch  = 64;
+    cp_tgt.n_seq_max = 1;
+    cp_tgt.n_threads = cp_tgt.n_threads_batch = args.threads;
+    llama_context * ctx_tgt = llama_init_from_model(model_tgt, cp_tgt);
+    if (!ctx_tgt) {
+        die("cannot create the target context");
+    }
+
+    const uint32_t n_rows_max = (uint32_t) std::max<int64_t>(n_ctx_rows, n_block);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx           = (uint32_t) (n_ctx_rows + n_block + 256);
+    cp.n_batch         = n_rows_max;
+    cp.n_ubatch        = n_rows_max;   // the non-causal block must be one ubatch
+    cp.n_seq_max       = 1;
+    cp.n_threads       = cp.n_threads_batch = args.threads;
+    cp.flash_attn_type = args.flash_attn == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.type_k          = parse_cache_type(args.cache_type);
+    cp.type_v          = cp.type_k;    // MLA requires equal K and V cache types
+    cp.pooling_type    = LLAMA_POOLING_TYPE_NONE;
+    cp.embeddings      = false;
+    cp.ctx_other       = ctx_tgt;
+    llama_context * ctx = llama_init_from_model(model_dft, cp);
+    if (!ctx) {
+        die("cannot create the draft context");
+    }
+    llama_set_causal_attn(ctx, false);             // the block attends non-causally (port-map fact 3)
+    llama_set_embeddings_nextn(ctx, true, true);   // confidence comes out through the nextn rows
+
+    // 1. context injection: feature rows with 4-entry positions (M-RoPE layout, first entry used otherwise)
+    llama_batch_ext * batch = llama_batch_ext_init(ctx);
+    for (int64_t i = 0; i < n_ctx_rows; ++i) {
+        const llama_pos p = args.ctx_pos0 + (llama_pos) i;
+        const llama_pos pos[4] = { p, p, p, 0 };
+        const llama_embd row = { feat_f32.data() + i * width, 1, (size_t) width };
+        const int32_t idx = llama_batch_ext_add_embd(batch, 0, row);
+        if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, pos) || !llama_batch_ext_set_output_embd(batch, idx, false)) {
+            die("cannot add feature row " + std::to_string(i) + " to the batch (rc " + std::to_string(idx) + ")");
+        }
+    }
+    if (n_ctx_rows > 0) {
+        const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
+        if (rc != 0) {
+            die("feature injection failed, llama_process rc = " + std::to_string(rc));
+        }
+    }
+
+    // 2. the block; embeddings on to read the final-normed hidden state as well
+    llama_set_embeddings(ctx, true);
+    llama_batch_ext_clear(batch);
+    for (int32_t i = 0; i < n_block; ++i) {
+        const llama_pos p = block_pos0 + i;
+        const int32_t idx = llama_batch_ext_add_token(batch, 0, block[i]);
+        if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, &p) || !llama_batch_ext_set_output_logits(batch, idx, true)) {
+            die("cannot add block token " + std::to_string(block[i]) + " (rc " + std::to_string(idx) + ")");
+        }
+    }
+    const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
+    if (rc != 0) {
+        die("block decode failed, llama_process rc = " + std::to_string(rc));
+    }
+
+    std::vector<float>   biased((size_t) n_block * n_vocab);
+    std::vector<float>   hidden((size_t) n_block * n_embd_dft);
+    std::vector<int32_t> chain(n_block);
+    std::vector<float>   conf(n_block);
+    for (int32_t i = 0; i < n_block; ++i) {
+        const float * lg = llama_get_logits_ith(ctx, i);
+        const float * h  = llama_get_embeddings_ith(ctx, i);
+        if (!lg || !h) {
+            die("no logits/embeddings for block row " + std::to_string(i));
+        }
+        std::memcpy(biased.data() + (size_t) i * n_vocab, lg, sizeof(float) * n_vocab);
+        std::memcpy(hidden.data() + (size_t) i * n_embd_dft, h, sizeof(float) * n_embd_dft);
+        chain[i] = (int32_t) (std::max_element(lg, lg + n_vocab) - lg);
+        if (has_conf) {
+            const float * c = llama_get_embeddings_nextn_ith(ctx, i);
+            if (!c) {
+                die("no confidence output for block row " + std::to_string(i));
+            }
+            conf[i] = c[0];
+        }
+    }
+
+    // base logits: llama.cpp's hidden state times the target's lm_head, accumulated in double
+    int64_t ne0 = 0, ne1 = 0;
+    const std::vector<float> head = read_gguf_tensor_f32(args.target, "output.weight", ne0, ne1);
+    if (ne0 != n_embd_dft || ne1 != n_vocab) {
+        die("target output.weight is " + std::to_string(ne0) + " x " + std::to_string(ne1) + ", expected " +
+            std::to_string(n_embd_dft) + " x " + std::to_string(n_vocab));
+    }
+    std::vector<double> base((size_t) n_block * n_vocab);
+    for (int32_t i = 0; i < n_block; ++i) {
+        const float * h = hidden.data() + (size_t) i * n_embd_dft;
+        for (int64_t v = 0; v < n_vocab; ++v) {
+            const float * w = head.data() + v * ne0;
+            double acc = 0.0;
+            for (int64_t e = 0; e < ne0; ++e) {
+                acc += (double) h[e] * (double) w[e];
+            }
+            base[(size_t) i * n_vocab + v] = acc;
+        }
+    }
+
+    const std::string out = args.out;
+    std::filesystem::create_directories(out);
+    npy_save(out + "/biased_logits.npy", "<f4", {n_block, n_vocab}, biased.data(), biased.size() * sizeof(float));
+    npy_save(out + "/chain.npy", "<i4", {n_block}, chain.data(), chain.size() * sizeof(int32_t));
+    npy_save(out + "/hidden.npy", "<f4", {n_block, n_embd_dft}, hidden.data(), hidden.size() * sizeof(float));
+    npy_save(out + "/base_logits.npy", "<f8", {n_block, n_vocab}, base.data(), base.size() * sizeof(double));
+    if (has_conf) {
+        npy_save(out + "/confidence.npy", "<f4", {n_block}, conf.data(), conf.size() * sizeof(float));
+    }
+
+    // the draft's KV cache line, for bytes per token
+    std::string kv_line;
+    {
+        std::stringstream ls(g_log);
+        std::string line;
+        while (std::getline(ls, line)) {
+            if (line.find("llama_kv_cache: size") != std::string::npos) {
+                kv_line = line;   // the last one is the draft's (created after the target's)
+            }
+        }
+    }
+    // exact draft context memory (the KV cache: the draft has no recurrent state) and its cells
+    size_t kv_bytes = 0;
+    for (const auto & it : llama_get_memory_breakdown(ctx)) {
+        kv_bytes += it.second.context;
+    }
+    std::ofstream meta(out + "/meta.json");
+    meta << "{\n"
+         << "  \"n_ctx_rows\": " << n_ctx_rows << ",\n"
+         << "  \"n_block\": " << n_block << ",\n"
+         << "  \"ctx_pos0\": " << args.ctx_pos0 << ",\n"
+         << "  \"block_pos0\": " << block_pos0 << ",\n"
+         << "  \"n_vocab\": " << n_vocab << ",\n"
+         << "  \"n_embd\": " << n_embd_dft << ",\n"
+         << "  \"n_taps\": " << n_taps << ",\n"
+         << "  \"block_size\": \"" << block_size_s << "\",\n"
+         << "  \"sample_from_anchor\": \"" << meta_str(model_dft, "dflash.sample_from_anchor") << "\",\n"
+         << "  \"has_markov\": " << (has_markov ? "true" : "false") << ",\n"
+         << "  \"has_confidence\": " << (has_conf ? "true" : "false") << ",\n"
+         << "  \"flash_attn\": \"" << args.flash_attn << "\",\n"
+         << "  \"cache_type\": \"" << args.cache_type << "\",\n"
+         << "  \"kv_cache_bytes\": " << kv_bytes << ",\n"
+         << "  \"kv_cells\": " << llama_n_ctx(ctx) << ",\n"
+         << "  \"kv_cache_line\": \"" << json_escape(kv_line) << "\"\n"
+         << "}\n";
+    std::ofstream(out + "/llama.log") << g_log;
+
+    llama_batch_ext_free(batch);
+    llama_free(ctx);
+    llama_free(ctx_tgt);
+    llama_model_free(model_dft);
+    llama_model_free(model_tgt);
+    llama_backend_free();
+    return 0;
+}
+
+int main(int argc, char ** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception & err) {
+        die(err.what());
+    }
+}

@@ -1,0 +1,332 @@
+"""Lossless speculative decoding: greedy output with the MLA DSpark draft == target alone.
+
+Fixtures (all offline):
+  * target: llama.cpp's own tiny Kimi-K3 (fixtures.target), deepened to 6 hybrid layers
+    with residual blocks of 2 (proof.targets) so the taps sit in several blocks and the
+    KDA layers force checkpoint-based rollback;
+  * drafts: random K3 DSpark HF checkpoints (fixtures.checkpoint, real names) converted
+    by the patched tree's converter. A random draft accepts almost nothing, so two drafts:
+      - "random":  the rescaled random checkpoint (acceptance near zero; proves that
+                   rejection and rollback keep the output exact),
+      - "bigram":  the same checkpoint whose vanilla Markov head is set to the target's
+                   own greedy bigrams (markov_w1 = one-hot rows of previous tokens,
+                   markov_w2 = strength at the observed successor), learned from
+                   target-alone continuations of HALF the prompts: drafts are then partly
+                   accepted (acceptance, partial rejection and KV/recurrent rollback).
+Runs: `llama-speculative-simple --spec-type draft-dspark` per prompt, and `llama-server
+-md` with two parallel slots (two requests in flight), for draft lengths 1/3/7, flash
+attention on/off, confidence cut-off (--spec-draft-p-min) on/off, against target-alone
+text from `llama-simple` (speculative runs may overshoot -n by up to the draft length:
+compared as prefixes). The test tokenizer prints ids as variable-width hex, so text
+equality is checked on the full rendered text of the continuation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from llamacpp_mla_port.errors import ProofError
+
+N_PREDICT = 24
+PROMPTS: tuple[str, ...] = tuple(
+    f"{w} {i}" for i, w in enumerate([
+        "the draft model proposes", "latent attention keeps", "rotary position embedding",
+        "speculative decoding accepts", "markov head confidence", "context projection final",
+        "mask token anchor block", "the target verifies them", "one compressed row per token",
+        "interleaved pairs of rope", "the longest prefix that", "hybrid linear attention",
+        "residual blocks of twelve", "greedy output must equal", "partial acceptance and",
+        "rollback of the recurrent", "two parallel slots share", "flash attention on and off",
+        "confidence cut off", "draft lengths one three seven", "a biased markov fixture",
+        "tiny kimi k3 target", "the converter writes", "parity against the reference",
+    ]))
+
+
+@dataclass
+class SpecRun:
+    text: str
+    n_drafted: int
+    n_accepted: int
+
+
+def _run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise ProofError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}):\n{proc.stderr[-2500:]}",
+                         hint=" ".join(cmd))
+    return proc
+
+
+def target_alone(build: Path, target: Path, prompt: str, n_predict: int = N_PREDICT) -> str:
+    """llama-simple's greedy continuation (the text after the prompt's own rendering)."""
+    out = _run([str(Path(build) / "bin" / "llama-simple"), "-m", str(target), "-n", str(n_predict), prompt]).stdout
+    return out.strip()
+
+
+def speculative_simple(build: Path, target: Path, draft: Path, prompt: str, draft_max: int, flash_attn: bool,
+                       p_min: float, n_predict: int = N_PREDICT, threads: int = 2) -> SpecRun:
+    exe = str(Path(build) / "bin" / "llama-speculative-simple")
+    cmd = [exe, "-m", str(target), "-md", str(draft),
+           "--spec-type", "draft-dspark", "--spec-draft-n-max", str(draft_max), "--spec-draft-p-min", str(p_min),
+           "-p", prompt, "-n", str(n_predict), "--temp", "0", "--top-k", "1", "-s", "1", "-c", "512",
+           "-fa", "on" if flash_attn else "off", "-t", str(threads)]
+    # the statistics come through common's asynchronous logger; under heavy load a run has
+    # been seen to exit 0 without them, so a run without statistics is repeated (twice at most)
+    for _ in range(3):
+        proc = _run(cmd)
+        err = proc.stderr + proc.stdout
+        drafted = re.search(r"n_drafted\s*=\s*(\d+)", err)
+        accepted = re.search(r"n_accept\s*=\s*(\d+)", err)
+        if drafted and accepted:
+            break
+    else:
+        raise ProofError("llama-speculative-simple printed no n_drafted/n_accept (3 runs)", hint=" ".join(cmd))
+    return SpecRun(proc.stdout.strip(), int(drafted.group(1)), int(accepted.group(1)))
+
+
+def same_greedy_output(spec_text: str, alone_text: str) -> bool:
+    """Equal, allowing the speculative run to overshoot -n (it may emit up to the draft length more)."""
+    return spec_text.startswith(alone_text)
+
+
+# ---------------------------------------------------------------------------------------
+# llama-server with two parallel slots
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, build: Path, target: Path, draft: Path | None, draft_max: int, flash_attn: bool,
+                 p_min: float, log_path: Path, parallel: int = 2, threads: int = 2):
+        self.port = _free_port()
+        cmd = [str(Path(build) / "bin" / "llama-server"), "-m", str(target), "--port", str(self.port),
+               "--host", "127.0.0.1", "-np", str(parallel), "-c", str(512 * parallel), "-t", str(threads),
+               "-fa", "on" if flash_attn else "off", "--no-webui"]
+        if draft is not None:
+            cmd += ["-md", str(draft), "--spec-type", "draft-dspark", "--spec-draft-n-max", str(draft_max),
+                    "--spec-draft-p-min", str(p_min)]
+        self.cmd = cmd
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ProofError(f"llama-server exited {self.proc.returncode}; log: {log_path}", hint=" ".join(cmd))
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                time.sleep(0.3)
+        self.close()
+        raise ProofError(f"llama-server did not become healthy; log: {log_path}", hint=" ".join(cmd))
+
+    def complete(self, prompt: str, n_predict: int) -> dict:
+        body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
+                           "seed": 1, "cache_prompt": False}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())
+
+    def complete_all(self, prompts, n_predict: int, parallel: int = 2) -> list[dict]:
+        """Keep `parallel` requests in flight at once, so both slots decode together."""
+        results: list[dict | None] = [None] * len(prompts)
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+        queue = list(enumerate(prompts))
+
+        def worker():
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    i, p = queue.pop(0)
+                try:
+                    results[i] = self.complete(p, n_predict)
+                except BaseException as err:      # surfaced below
+                    errors.append(err)
+                    return
+
+        threads = [threading.Thread(target=worker) for _ in range(parallel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise ProofError(f"llama-server request failed: {errors[0]}", hint=" ".join(self.cmd))
+        return results  # type: ignore[return-value]
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+# ---------------------------------------------------------------------------------------
+# fixtures
+
+def greedy_continuations(binary: Path, target: Path, prompts, work: Path, n_generate: int) -> list[np.ndarray]:
+    """Target-alone greedy token ids (prompt + continuation) from the target-features program."""
+    seqs = []
+    for i, prompt in enumerate(prompts):
+        out = Path(work) / f"gen{i}"
+        _run([str(binary), "--target", str(target), "--layers", "0", "--prompt", prompt,
+              "--generate", str(n_generate), "--out", str(out)])
+        seqs.append(np.concatenate([np.load(out / "prompt.npy"), np.load(out / "generated.npy")]))
+    return seqs
+
+
+def bigram_table(seqs) -> dict[int, int]:
+    """prev -> most frequent successor in the target's own greedy text."""
+    counts: dict[int, dict[int, int]] = {}
+    for s in seqs:
+        for a, b in zip(s[:-1], s[1:]):
+            counts.setdefault(int(a), {}).setdefault(int(b), 0)
+            counts[int(a)][int(b)] += 1
+    return {a: max(nexts, key=nexts.get) for a, nexts in counts.items()}
+
+
+def write_lossless_draft(tree: Path, work: Path, name: str, hidden: int, vocab: int, target_layer_ids,
+                         bigrams: dict[int, int] | None, strength: float = 40.0, seed: int = 0) -> Path:
+    """Convert a random K3 DSpark checkpoint (optionally with a bigram Markov head) to GGUF."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from llamacpp_mla_port.fixtures.checkpoint import k3_dspark_config, write_target_tokenizer_dir
+    from llamacpp_mla_port.proof.convert import convert_checkpoint
+    from llamacpp_mla_port.proof.parity import write_parity_checkpoint
+
+    base = Path(work) / name
+    out = base / "draft.gguf"
+    if out.is_file():
+        return out
+    config = k3_dspark_config(hidden_size=hidden, vocab_size=vocab, target_layer_ids=list(target_layer_ids),
+                              markov_rank=vocab if bigrams is not None else 8)
+    ckpt = write_parity_checkpoint(base / "checkpoint", config, seed=seed, dtype="float32")
+    if bigrams is not None:
+        path = ckpt / "model.safetensors"
+        t = load_file(str(path))
+        w1 = torch.zeros(vocab, vocab)
+        w2 = torch.zeros(vocab, vocab)
+        for prev, nxt in bigrams.items():
+            w1[prev, prev] = 1.0
+            w2[nxt, prev] = strength
+        t["markov_head.markov_w1.weight"], t["markov_head.markov_w2.weight"] = w1, w2
+        save_file(t, str(path), metadata={"format": "pt"})
+    tok = write_target_tokenizer_dir(base / "target-tokenizer", config, seed=seed)
+    convert_checkpoint(tree, ckpt, out, tok, extra_args=["--outtype", "f32"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# the matrix
+
+def render(ids) -> str:
+    """The test tokenizer's text for token ids: each id in hex, concatenated."""
+    return "".join(format(int(t), "x") for t in ids)
+
+
+def _matrix(draft_lengths, p_min_on: float):
+    return [(k, fa, p) for k in draft_lengths for fa in (False, True) for p in (0.0, p_min_on)]
+
+
+def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server: bool = True, simple: bool = True,
+                 draft_lengths=(1, 3, 7), p_min_on: float = 0.5, n_prompts: int = 20, threads: int = 2,
+                 log=print) -> dict:
+    """The whole lossless matrix; every mismatch is listed in the report (`n_mismatches`)."""
+    from llamacpp_mla_port.proof.programs import compile_program
+    from llamacpp_mla_port.proof.reference import read_target_head
+    from llamacpp_mla_port.proof.targets import write_deep_kimi_k3_target
+
+    t0 = time.monotonic()
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    prompts = list(PROMPTS[:n_prompts])
+    target = write_deep_kimi_k3_target(base_target, work / "target-deep.gguf", "MKKMKK", 2)
+    embd, _ = read_target_head(target)
+    vocab, hidden = embd.shape
+    tf = compile_program("target-features", tree, build)
+    seqs = greedy_continuations(tf, target, prompts, work / "greedy", N_PREDICT)
+    n_prompt_ids = [len(s) - N_PREDICT for s in seqs]
+    bigrams = bigram_table(seqs[: n_prompts // 2])          # learned from half the prompts only
+    taps = [0, 2, 4]            # HF ids: llama.cpp target_layers [1, 3, 5], three residual blocks
+    drafts = {
+        "bigram": write_lossless_draft(tree, work, "draft-bigram", hidden, vocab, taps, bigrams),
+        "random": write_lossless_draft(tree, work, "draft-random", hidden, vocab, taps, None),
+    }
+    alone = {}
+    for p, s, n in zip(prompts, seqs, n_prompt_ids):
+        text = target_alone(build, target, p)
+        # llama-simple and the program's own greedy loop must agree before anything is compared
+        if text != render(s):
+            raise ProofError(f"llama-simple's greedy text for {p!r} differs from the target's greedy ids",
+                             hint=f"{text!r} vs {render(s)!r}")
+        alone[p] = (text, render(s[n:]))
+
+    report: dict = {"n_prompts": len(prompts), "n_predict": N_PREDICT, "bigram_entries": len(bigrams),
+                    "target": "kimi-k3 MKKMKK (MLA/KDA hybrid), attn_res block 2", "taps_llama": [1, 3, 5],
+                    "speculative_simple": [], "server": []}
+    mismatches: list[str] = []
+    # the bigram draft runs the whole matrix; the random one (acceptance ~0) a corner of it
+    plan = [("bigram", c) for c in _matrix(draft_lengths, p_min_on)]
+    plan += [("random", (k, False, 0.0)) for k in draft_lengths[-2:]]
+    for dname, (k, fa, p_min) in (plan if simple else []):
+        drafted = accepted = ok = 0
+        for p in prompts:
+            r = speculative_simple(build, target, drafts[dname], p, k, fa, p_min, threads=threads)
+            drafted += r.n_drafted
+            accepted += r.n_accepted
+            if same_greedy_output(r.text, alone[p][0]):
+                ok += 1
+            else:
+                mismatches.append(f"speculative-simple {dname} k={k} fa={fa} p_min={p_min}: {p!r}: "
+                                  f"{r.text!r} != {alone[p][0]!r}")
+        report["speculative_simple"].append({"draft": dname, "draft_max": k, "flash_attn": fa, "p_min": p_min,
+                                             "identical": ok, "of": len(prompts), "drafted": drafted,
+                                             "accepted": accepted})
+        log(f"lossless speculative-simple {dname} k={k} fa={'on' if fa else 'off'} p_min={p_min}: "
+            f"{ok}/{len(prompts)} identical, drafted {drafted}, accepted {accepted}")
+    if server:
+        for dname, (k, fa, p_min) in plan:
+            srv = Server(build, target, drafts[dname], k, fa, p_min,
+                         work / f"server-{dname}-k{k}-fa{int(fa)}-p{p_min}.log", threads=threads)
+            try:
+                results = srv.complete_all(prompts, N_PREDICT)
+            finally:
+                srv.close()
+            ok = drafted = accepted = 0
+            for p, res in zip(prompts, results):
+                text, want = res.get("content", ""), alone[p][1]
+                if same_greedy_output(text, want):
+                    ok += 1
+                else:
+                    mismatches.append(f"server {dname} k={k} fa={fa} p_min={p_min}: {p!r}: {text!r} != {want!r}")
+                timings = res.get("timings", {})
+                drafted += int(timings.get("draft_n", 0))
+                accepted += int(timings.get("draft_n_accepted", 0))
+            report["server"].append({"draft": dname, "draft_max": k, "flash_attn": fa, "p_min": p_min,
+                                     "parallel": 2, "identical": ok, "of": len(prompts), "drafted": drafted,
+                                     "accepted": accepted})
+            log(f"lossless server(-np 2) {dname} k={k} fa={'on' if fa else 'off'} p_min={p_min}: "
+                f"{ok}/{len(prompts)} identical, drafted {drafted}, accepted {accepted}")
+    report["mismatches"] = mismatches[:20]
+    report["n_mismatches"] = len(mismatches)
+    report["seconds"] = round(time.monotonic() - t0, 1)
+    return report

@@ -1,0 +1,91 @@
+"""Compile the proof's own C++ programs (cpp/*.cpp) against a patched llama.cpp build.
+
+The programs are ours, not part of the llama.cpp series: they only use libllama's public
+API (plus `src/llama-ext.h`, where the DFlash/DSpark entry points live), so they link
+against the build's shared libraries and are compiled here with the system C++ compiler,
+never by touching the llama.cpp tree or its build directory. Binaries land in a cache
+folder keyed by the source text and the library they link, so a rebuilt libllama or an
+edited program gets a fresh binary and an unchanged pair is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from llamacpp_mla_port.errors import BuildError
+
+CPP_DIR = Path(__file__).parent / "cpp"
+PROGRAMS = ("draft-logits", "target-features")
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("MLA_PORT_PROOF_BIN") or os.environ.get("XDG_CACHE_HOME") or (Path.home() / ".cache")
+    root = Path(base)
+    return root if os.environ.get("MLA_PORT_PROOF_BIN") else root / "llamacpp-mla-port" / "proof-bin"
+
+
+def library_dir(build_dir: Path) -> Path:
+    """Where the build put libllama.so (bin/ for recent trees, src/ for older layouts)."""
+    for sub in ("bin", "src", "lib", "."):
+        if (Path(build_dir) / sub / "libllama.so").exists():
+            return (Path(build_dir) / sub).resolve()
+    raise BuildError(f"{build_dir}: no libllama.so",
+                     hint="build with -DBUILD_SHARED_LIBS=ON (the default of `make build`) and rerun")
+
+
+def _ggml_dirs(build_dir: Path, lib: Path) -> list[Path]:
+    dirs = [lib]
+    for cand in (Path(build_dir) / "ggml" / "src", Path(build_dir) / "bin"):
+        if cand.is_dir() and cand.resolve() not in dirs and any(cand.glob("libggml*.so")):
+            dirs.append(cand.resolve())
+    return dirs
+
+
+def compile_program(name: str, tree: Path, build_dir: Path, out_dir: Path | None = None) -> Path:
+    """Compile cpp/<name>.cpp against `tree` (headers) and `build_dir` (shared libs); return the binary."""
+    if name not in PROGRAMS:
+        raise BuildError(f"unknown proof program {name!r}", hint=f"one of {', '.join(PROGRAMS)}")
+    tree, build_dir = Path(tree).resolve(), Path(build_dir).resolve()
+    for header in ("include/llama.h", "src/llama-ext.h", "ggml/include/gguf.h"):
+        if not (tree / header).is_file():
+            raise BuildError(f"{tree}: no {header}", hint="point at a patched llama.cpp source tree (make patch)")
+    lib = library_dir(build_dir)
+    libllama = lib / "libllama.so"
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise BuildError("no C++ compiler found", hint="install g++ (or set CXX)")
+
+    source = CPP_DIR / f"{name}.cpp"
+    key = hashlib.sha256()
+    for f in sorted(CPP_DIR.glob("*")):
+        key.update(f.name.encode() + f.read_bytes())
+    st = libllama.resolve().stat()
+    key.update(f"{libllama.resolve()}:{st.st_size}:{st.st_mtime_ns}:{tree}".encode())
+    out_dir = Path(out_dir) if out_dir else _cache_root() / key.hexdigest()[:16]
+    binary = out_dir / name
+    if binary.is_file():
+        return binary
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    lib_dirs = _ggml_dirs(build_dir, lib)
+    cmd = [cxx, "-O2", "-std=c++17", "-Wall", "-Wextra",
+           f"-I{tree / 'include'}", f"-I{tree / 'ggml' / 'include'}", f"-I{tree / 'src'}", f"-I{CPP_DIR}",
+           str(source), "-o", str(binary) + ".tmp"]
+    for d in lib_dirs:
+        cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
+    cmd += ["-lllama", "-lggml", "-lggml-base"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"compiling {source.name} failed:\n{proc.stderr[-4000:]}",
+                         hint="the program uses the public libllama API of the pinned tree; "
+                              "a moved API shows in the first error above")
+    os.replace(str(binary) + ".tmp", binary)
+    return binary
+
+
+def compile_all(tree: Path, build_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
+    return {name: compile_program(name, tree, build_dir, out_dir) for name in PROGRAMS}

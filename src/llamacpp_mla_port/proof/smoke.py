@@ -1,0 +1,154 @@
+"""`smoke`: build, make every fixture offline, run parity, the target side and lossless
+speculative decoding, print ONE JSON report, exit non-zero on any failure.
+
+    llamacpp-mla-port smoke [--work DIR] [--no-build] [--no-server] [--quick]
+
+Stages (each is recorded in the report; a failing stage fails the run, later stages still run):
+  build      build.ensure_build on the patched tree (the targets the proof needs)
+  parity     proof.parity: 3 draft shapes x 4 precision modes, NMSE against the float64 reference
+  target     proof.target_features: the Kimi-K3 layer inputs == the block-local prefix stream
+  lossless   proof.lossless: llama-speculative-simple and llama-server (-np 2) == target alone
+The tree and build default to the tool's work tree; MLA_PORT_TREE / MLA_PORT_BUILD
+(or --tree/--build) point elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from llamacpp_mla_port.errors import PortError, ProofError
+
+SMOKE_TARGETS = ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs")
+
+
+def configure(parser) -> None:
+    parser.add_argument("--work", type=Path, default=None,
+                        help="folder for fixtures and runs (default: a fresh temporary folder)")
+    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
+    parser.add_argument("--build", type=Path, default=None, help="its build dir (default: the work build)")
+    parser.add_argument("--no-build", action="store_true", help="use the existing build as it is")
+    parser.add_argument("--no-server", action="store_true", help="skip the llama-server runs")
+    parser.add_argument("--quick", action="store_true",
+                        help="draft length 3 only in the lossless matrix (a quicker, weaker run)")
+    parser.add_argument("--threads", type=int, default=2)
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def _stage(report: dict, name: str, fn):
+    t0 = time.monotonic()
+    try:
+        result = fn()
+        report["stages"][name] = {"ok": True, "seconds": round(time.monotonic() - t0, 1)}
+        return result
+    except PortError as err:
+        report["stages"][name] = {"ok": False, "error": str(err), "seconds": round(time.monotonic() - t0, 1)}
+    except Exception as err:  # a bug: keep the traceback in the report, still print one JSON
+        report["stages"][name] = {"ok": False, "error": f"{type(err).__name__}: {err}",
+                                  "traceback": traceback.format_exc()[-3000:],
+                                  "seconds": round(time.monotonic() - t0, 1)}
+    _log(f"smoke: stage {name} FAILED: {report['stages'][name]['error']}")
+    return None
+
+
+def target_side_check(tree: Path, build: Path, work: Path, base_target: Path) -> dict:
+    """The numbers of tests/test_target_features.py, for the report."""
+    from llamacpp_mla_port.proof.programs import compile_program
+    from llamacpp_mla_port.proof.reference import nmse, read_target_head
+    from llamacpp_mla_port.proof.target_features import (
+        dump_target_features, full_residual_stream, prefix_stream, sublayer_tensor_names)
+    from llamacpp_mla_port.proof.targets import write_deep_kimi_k3_target
+
+    binary = compile_program("target-features", tree, build)
+    prompt = [1, 5, 9, 33, 70, 2, 5, 9, 100, 17, 17, 64]
+    out: dict = {}
+    for types, bs in (("MK", 12), ("MKKMKK", 2)):
+        target = base_target if types == "MK" else write_deep_kimi_k3_target(base_target, work / f"t-{types}.gguf",
+                                                                             types, bs)
+        attn, ffn = sublayer_tensor_names(types, bs)
+        got = dump_target_features(binary, target, prompt, work / f"tf-{types}", layers=list(range(len(types))),
+                                   dump=attn + ffn)
+        embd, _ = read_target_head(target)
+        want = prefix_stream(embd[prompt], [got.dumps[n] for n in attn], [got.dumps[n] for n in ffn], bs)
+        full = full_residual_stream(embd[prompt], [got.dumps[n] for n in attn], [got.dumps[n] for n in ffn])
+        worst = max(nmse(got.tap(il), want[il]) for il in range(len(types)))
+        vs_full = max(nmse(got.tap(il), full[il]) for il in range(1, len(types)))
+        out[f"{types}-block{bs}"] = {"worst_nmse_vs_prefix_stream": worst, "max_nmse_vs_plain_residual": vs_full}
+        if worst > 1e-12:
+            raise ProofError(f"target {types}: layer inputs differ from the prefix stream (NMSE {worst:.3g})")
+    return out
+
+
+def run(args) -> int:
+    from llamacpp_mla_port import build as build_mod
+    from llamacpp_mla_port.proof.draft_logits import resolve_tree_and_build
+
+    started = time.monotonic()
+    report: dict = {"stages": {}}
+    tree = args.tree or (Path(os.environ["MLA_PORT_TREE"]) if os.environ.get("MLA_PORT_TREE") else None)
+    build = args.build or (Path(os.environ["MLA_PORT_BUILD"]) if os.environ.get("MLA_PORT_BUILD") else None)
+    tree = tree or build_mod.default_tree()
+    build = build or build_mod.default_build_dir()
+    work = args.work or Path(tempfile.mkdtemp(prefix="mla-port-smoke-"))
+    work.mkdir(parents=True, exist_ok=True)
+    report["tree"], report["build"], report["work"] = str(tree), str(build), str(work)
+
+    if not args.no_build:
+        _stage(report, "build", lambda: build_mod.ensure_build(tree, build, SMOKE_TARGETS, echo=False))
+    tree, build = resolve_tree_and_build(tree, build)
+
+    from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
+    target = _stage(report, "fixtures", lambda: write_kimi_k3_target(build, work / "kimi-k3-target.gguf"))
+
+    if target is not None:
+        from llamacpp_mla_port.proof.parity import run_parity
+        from llamacpp_mla_port.proof.reference import read_target_head
+        embd, _ = read_target_head(target)
+        vocab, hidden = embd.shape
+        parity = _stage(report, "parity", lambda: run_parity(
+            tree, build, work / "parity", lambda h, v, n: target, hidden, vocab, threads=args.threads, log=_log))
+        if parity is not None:
+            report["parity"] = {
+                name: {"modes": {m: {"worst_nmse": e["worst_nmse"], "threshold": e["threshold"],
+                                     "chains_equal": all(c["chain_equal"] for c in e["cases"]),
+                                     "max_ctx_rows": max(c["n_ctx"] for c in e["cases"]),
+                                     "pass": all(c["pass"] for c in e["cases"])}
+                                 for m, e in entry["modes"].items()},
+                       "controls_nmse": entry.get("controls"),
+                       "draft_kv_bytes_per_token_f32": entry["modes"]["f32"]["cases"][0]["kv_bytes_per_token"],
+                       "draft_kv_bytes_per_token_f16": entry["modes"]["f16-cache"]["cases"][0]["kv_bytes_per_token"]}
+                for name, entry in parity.report["configs"].items()}
+            if not parity.passed:
+                report["stages"]["parity"] = {"ok": False, "error": "a parity case is over its threshold"}
+
+        report["target_side"] = _stage(report, "target", lambda: target_side_check(tree, build, work, target))
+
+        from llamacpp_mla_port.proof.lossless import run_lossless
+        lengths = (3,) if args.quick else (1, 3, 7)
+        lossless = _stage(report, "lossless", lambda: run_lossless(tree, build, work / "lossless", target,
+                                                                   server=not args.no_server,
+                                                                   draft_lengths=lengths, threads=args.threads,
+                                                                   log=_log))
+        if lossless is not None:
+            report["lossless"] = lossless
+            bigram_accepted = sum(r["accepted"] for r in lossless["speculative_simple"] if r["draft"] == "bigram")
+            if lossless["n_mismatches"]:
+                report["stages"]["lossless"] = {
+                    "ok": False, "error": f"{lossless['n_mismatches']} outputs differ from the target alone"}
+            elif bigram_accepted == 0:
+                report["stages"]["lossless"] = {
+                    "ok": False, "error": "the bigram draft was never accepted: acceptance and rollback untested"}
+
+    report["ok"] = all(s["ok"] for s in report["stages"].values())
+    report["seconds"] = round(time.monotonic() - started, 1)
+    sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    return 0 if report["ok"] else 1
