@@ -1,0 +1,69 @@
+"""`make test` runs the whole proof: `llamacpp-mla-port smoke` on the patched build.
+
+The JSON report is read back and every claim in it is checked here as well, so a smoke
+that printed `ok` over a weak run (too few prompts, no acceptance, a mode missing) fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.build
+
+
+@pytest.fixture(scope="module")
+def report(patched_tree, llama_build, tmp_path_factory):
+    work = tmp_path_factory.mktemp("smoke")
+    proc = subprocess.run([sys.executable, "-m", "llamacpp_mla_port", "smoke", "--no-build",
+                           "--tree", str(patched_tree), "--build", str(llama_build),
+                           "--work", str(work)],
+                          capture_output=True, text=True, env=dict(os.environ))
+    sys.stderr.write(proc.stderr[-6000:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_smoke_passes_every_stage(report):
+    assert report["ok"] is True
+    assert set(report["stages"]) >= {"parity", "target", "lossless"}
+    assert all(stage["ok"] for stage in report["stages"].values()), report["stages"]
+
+
+def test_parity_covers_three_shapes_and_four_modes(report):
+    parity = report["parity"]
+    assert len(parity) >= 3
+    for name, cfg in parity.items():
+        assert set(cfg["modes"]) == {"f32", "f16-cache", "flash-attn", "bf16"}, name
+        for mode, res in cfg["modes"].items():
+            assert res["pass"] and res["chains_equal"], (name, mode, res)
+            assert res["worst_nmse"] <= res["threshold"], (name, mode, res)
+        # the controls prove the comparison could fail: causal / un-scaled attention is far off
+        assert min(cfg["controls_nmse"].values()) > 1e-3, (name, cfg["controls_nmse"])
+        # K-only MLA cache: F16 bytes per token are half the F32 ones
+        assert cfg["draft_kv_bytes_per_token_f16"] * 2 == cfg["draft_kv_bytes_per_token_f32"]
+
+
+def test_target_side_is_the_prefix_stream(report):
+    for name, res in report["target_side"].items():
+        assert res["worst_nmse_vs_prefix_stream"] < 1e-9, name
+        assert res["max_nmse_vs_plain_residual"] > 1e-3, name
+
+
+def test_speculative_decoding_is_lossless_with_partial_acceptance(report):
+    lossless = report["lossless"]
+    assert lossless["n_prompts"] >= 20 and lossless["n_mismatches"] == 0
+    runs = lossless["speculative_simple"] + lossless["server"]
+    assert all(r["identical"] == r["of"] == lossless["n_prompts"] for r in runs)
+    seen = {(r["draft_max"], r["flash_attn"], r["p_min"] > 0) for r in lossless["speculative_simple"]
+            if r["draft"] == "bigram"}
+    assert seen == {(k, fa, conf) for k in (1, 3, 7) for fa in (False, True) for conf in (False, True)}
+    assert any(r["parallel"] == 2 for r in lossless["server"])
+    for r in runs:
+        if r["draft"] == "bigram":
+            # partial acceptance: some drafts accepted, some rejected (rollback exercised)
+            assert 0 < r["accepted"] < r["drafted"], r
