@@ -43,7 +43,7 @@ from llamacpp_mla_port import upstream
 from llamacpp_mla_port.errors import AnchorError, PinError, PortError, WorkTreeError
 from llamacpp_mla_port.pin import Pin, load_pin
 from llamacpp_mla_port.port import Change, Series, load_series
-from llamacpp_mla_port.render import (_finditer, locate, make_env, nearest_lines,
+from llamacpp_mla_port.render import (Overlay, find_all, locate, make_env, nearest_lines,
                                       render_change_text, render_series)
 from llamacpp_mla_port.upstream import Base, SOURCES
 from llamacpp_mla_port.workspace import BASE_BRANCH, Workspace, default_work_dir
@@ -233,16 +233,16 @@ def _diagnose(change: Change, text: str) -> tuple[str, str, list[str]]:
     """Why `locate` failed: (status, failing pattern, candidate lines)."""
     lo, hi = 0, len(text)
     if change.within is not None:
-        scopes = _finditer(change.within, text, change.regex)
+        scopes = find_all(change.within, text, change.regex)
         if len(scopes) != 1:
             return _miss("within", change.within, text, scopes)
         lo = scopes[0][1]
         if change.within_end is not None:
-            ends = _finditer(change.within_end, text, change.regex, lo)
+            ends = find_all(change.within_end, text, change.regex, lo)
             if not ends:
                 return "within_end-missing", change.within_end, nearest_lines(text, change.within_end)
             hi = ends[0][0]
-    hits = _finditer(change.anchor, text, change.regex, lo, hi)
+    hits = find_all(change.anchor, text, change.regex, lo, hi)
     return _miss("anchor", change.anchor, text, hits)
 
 
@@ -258,12 +258,12 @@ def _scope(change: Change, text: str) -> tuple[int, int]:
     """The part of `text` the change's anchor is searched in (whole text if unclear)."""
     if change.within is None:
         return 0, len(text)
-    scopes = _finditer(change.within, text, change.regex)
+    scopes = find_all(change.within, text, change.regex)
     if len(scopes) != 1:
         return 0, len(text)
     lo = scopes[0][1]
     if change.within_end is not None:
-        ends = _finditer(change.within_end, text, change.regex, lo)
+        ends = find_all(change.within_end, text, change.regex, lo)
         if ends:
             return lo, ends[0][0]
     return lo, len(text)
@@ -283,12 +283,8 @@ def analyse(series: Series, read_base, base_label: str, extra_vars: dict,
     lines): the text counts as merged when it occurs more often now than it did then.
     """
     env = make_env(series)
-    current: dict[str, bytes | None] = {}
-
-    def read(path: str) -> bytes | None:
-        if path not in current:
-            current[path] = read_base(path)
-        return current[path]
+    overlay = Overlay(read_base)
+    read = overlay.read
 
     reports: list[ChangeReport] = []
     for ci, commit in enumerate(series.commits):
@@ -327,7 +323,7 @@ def analyse(series: Series, read_base, base_label: str, extra_vars: dict,
                 if change.placement == "create":
                     if before is None:
                         report(change, "ok", message="new file")
-                        current[path] = rendered.encode("utf-8")
+                        overlay.write(path, rendered.encode("utf-8"))
                     elif before == rendered.encode("utf-8"):
                         report(change, MERGED, line=1, message="the file already exists upstream "
                                "with exactly this content")
@@ -384,7 +380,7 @@ def analyse(series: Series, read_base, base_label: str, extra_vars: dict,
             if text is not None and spans:
                 for s, e, rendered in sorted(spans, reverse=True):
                     text = text[:s] + rendered + text[e:]
-                current[path] = text.encode("utf-8")
+                overlay.write(path, text.encode("utf-8"))
     return reports
 
 

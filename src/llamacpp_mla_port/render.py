@@ -52,7 +52,7 @@ def _render(env: jinja2.Environment, template: str, context: dict, origin: str) 
                           "C++ with `{{`, `{%` or `{#` must sit inside {% raw %}...{% endraw %}") from None
 
 
-def _finditer(pattern: str, text: str, regex: bool, start: int = 0, end: int | None = None):
+def find_all(pattern: str, text: str, regex: bool, start: int = 0, end: int | None = None):
     end = len(text) if end is None else end
     if regex:
         return [(m.start(), m.end()) for m in re.compile(pattern, re.M).finditer(text, start, end)]
@@ -94,16 +94,16 @@ def locate(change: Change, text: str, base_label: str) -> tuple[int, int]:
     lo, hi = 0, len(text)
     where = f"{change.file} at base {base_label}"
     if change.within is not None:
-        scopes = _finditer(change.within, text, change.regex)
+        scopes = find_all(change.within, text, change.regex)
         if len(scopes) != 1:
             raise _anchor_error(change, text, change.within, len(scopes), where, "within")
         lo = scopes[0][1]
         if change.within_end is not None:
-            ends = _finditer(change.within_end, text, change.regex, lo)
+            ends = find_all(change.within_end, text, change.regex, lo)
             if not ends:
                 raise _anchor_error(change, text, change.within_end, 0, where, "within_end")
             hi = ends[0][0]
-    hits = _finditer(change.anchor, text, change.regex, lo, hi)
+    hits = find_all(change.anchor, text, change.regex, lo, hi)
     if len(hits) != 1:
         raise _anchor_error(change, text, change.anchor, len(hits), where, "anchor")
     return hits[0]
@@ -118,7 +118,7 @@ def _anchor_error(change: Change, text: str, pattern: str, count: int, where: st
             f"{change.origin}: {what} not found in {where}: {_short(pattern)!r}{cand}",
             "upstream moved: update the anchor in the commit.toml (or run `llamacpp-mla-port "
             "rebase`); nothing was written")
-    lines = [text.count("\n", 0, s) + 1 for s, _ in _finditer(pattern, text, change.regex)]
+    lines = [text.count("\n", 0, s) + 1 for s, _ in find_all(pattern, text, change.regex)]
     return AnchorError(
         f"{change.origin}: {what} matches {count} times in {where} (lines "
         f"{', '.join(map(str, lines[:10]))}): {_short(pattern)!r}",
@@ -126,16 +126,28 @@ def _anchor_error(change: Change, text: str, pattern: str, count: int, where: st
         "nothing was written")
 
 
+class Overlay:
+    """File contents as the series goes: the base, overlaid with what earlier commits wrote."""
+
+    def __init__(self, read_base: Callable[[str], bytes | None]):
+        self._read_base = read_base
+        self._files: dict[str, bytes | None] = {}
+
+    def read(self, path: str) -> bytes | None:
+        if path not in self._files:
+            self._files[path] = self._read_base(path)
+        return self._files[path]
+
+    def write(self, path: str, data: bytes) -> None:
+        self._files[path] = data
+
+
 def render_series(series: Series, read_base: Callable[[str], bytes | None],
                   base_label: str, extra_vars: dict | None = None) -> list[RenderedCommit]:
     """Render all commits; `read_base(path)` gives a file's content at the base or None."""
     env = make_env(series)
-    current: dict[str, bytes | None] = {}
-
-    def read(path: str) -> bytes | None:
-        if path not in current:
-            current[path] = read_base(path)
-        return current[path]
+    overlay = Overlay(read_base)
+    read = overlay.read
 
     out = []
     for commit in series.commits:
@@ -194,7 +206,7 @@ def render_series(series: Series, read_base: Callable[[str], bytes | None],
                               f"{base_label}", "its change is already there (merged upstream?): "
                               "drop the commit folder or fix its templates")
         for path, data in files.items():
-            current[path] = data
+            overlay.write(path, data)
         message = _render(env, commit.message_template, context, f"series/{commit.slug}")
         message = message.strip("\n") + "\n"
         title = message.splitlines()[0]
