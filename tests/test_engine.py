@@ -350,3 +350,28 @@ def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, 
     assert gitutil.run(tree, "rev-parse", "mla-port-base") == second
     assert gitutil.run(tree, "rev-parse", "HEAD~" + str(len(load_series().commits))) == second
     assert (tree / "NEWS.md").read_text() == "upstream moved on\n"
+
+
+def test_reapplying_keeps_the_mtime_of_files_whose_content_did_not_change(tmp_path, opts):
+    """After a template edit only the files it really changed look new to the build."""
+    first = engine.patch(opts, log=lambda *_: None)
+    tree = Path(first["tree"])
+    constants = tree / "gguf-py" / "gguf" / "constants.py"
+    others = [tree / f.path for f in _touched_by_series(opts.patches_dir) if f.path != "gguf-py/gguf/constants.py"]
+    assert others, "the series should touch more than constants.py"
+    for p in [constants] + others:
+        os.utime(p, ns=(0, 1_000_000_000))              # an old, recognisable mtime
+    before = constants.read_text().count("MODEL_TENSOR.ATTN_KV_B,")
+    templates = _copy_templates(tmp_path)
+    hunk = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "constants-dflash-mla.py.j2"
+    hunk.write_text(hunk.read_text().replace("        MODEL_TENSOR.ATTN_KV_B,\n", ""))
+    engine.patch(dataclasses.replace(opts, templates_dir=templates), log=lambda *_: None)
+    assert constants.read_text().count("MODEL_TENSOR.ATTN_KV_B,") == before - 1
+    assert constants.stat().st_mtime_ns != 1_000_000_000
+    assert all(p.stat().st_mtime_ns == 1_000_000_000 for p in others)
+
+
+def _touched_by_series(patches_dir: Path):
+    import unidiff
+    for patch in sorted(patches_dir.glob("*.patch")):
+        yield from unidiff.PatchSet(patch.read_text())
