@@ -23,6 +23,7 @@
 #include "gguf.h"
 #include "ggml.h"
 
+#include "diag.h"
 #include "npy.h"
 
 #include <algorithm>
@@ -45,26 +46,6 @@ struct args_t {
     std::string cache_type = "f16";
     bool verbose = false;
 };
-
-static std::string g_log;
-static bool        g_verbose = false;
-
-static void log_cb(ggml_log_level level, const char * text, void * /*user*/) {
-    g_log += text;
-    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) {
-        std::fputs(text, stderr);
-    }
-}
-
-[[noreturn]] static void die(const std::string & msg) {
-    // the llama.cpp log first, the error last: callers read the tail
-    if (!g_verbose && !g_log.empty()) {
-        std::fprintf(stderr, "--- llama.cpp log (last 2000 chars) ---\n%s\n---\n",
-                     g_log.substr(g_log.size() > 2000 ? g_log.size() - 2000 : 0).c_str());
-    }
-    std::fprintf(stderr, "draft-logits: error: %s\n", msg.c_str());
-    std::exit(1);
-}
 
 static void usage() {
     std::fprintf(stderr,
@@ -429,6 +410,7 @@ static int run(int argc, char ** argv) {
 }
 
 int main(int argc, char ** argv) {
+    g_prog = "draft-logits";
     try {
         return run(argc, argv);
     } catch (const std::exception & err) {

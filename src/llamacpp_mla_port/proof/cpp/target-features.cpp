@@ -18,6 +18,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
+#include "diag.h"
 #include "npy.h"
 
 #include <algorithm>
@@ -31,26 +32,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-static std::string g_log;
-static bool        g_verbose = false;
-
-static void log_cb(ggml_log_level level, const char * text, void * /*user*/) {
-    g_log += text;
-    if (g_verbose || level == GGML_LOG_LEVEL_ERROR) {
-        std::fputs(text, stderr);
-    }
-}
-
-[[noreturn]] static void die(const std::string & msg) {
-    // the llama.cpp log first, the error last: callers read the tail
-    if (!g_verbose && !g_log.empty()) {
-        std::fprintf(stderr, "--- llama.cpp log (last 2000 chars) ---\n%s\n---\n",
-                     g_log.substr(g_log.size() > 2000 ? g_log.size() - 2000 : 0).c_str());
-    }
-    std::fprintf(stderr, "target-features: error: %s\n", msg.c_str());
-    std::exit(1);
-}
 
 // eval callback: keep a copy of every tensor whose name is in the --dump set
 struct dump_state {
@@ -302,6 +283,7 @@ static int run(int argc, char ** argv) {
 }
 
 int main(int argc, char ** argv) {
+    g_prog = "target-features";
     try {
         return run(argc, argv);
     } catch (const std::exception & err) {
