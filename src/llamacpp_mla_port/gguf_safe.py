@@ -63,14 +63,8 @@ _SCALAR_FORMATS: dict[GGUFValueType, str] = {
     GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
     GGUFValueType.FLOAT64: "<d",
 }
-_NUMPY_DTYPES: dict[GGUFValueType, str] = {
-    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1",
-    GGUFValueType.UINT16: "<u2", GGUFValueType.INT16: "<i2",
-    GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
-    GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "<u1",
-    GGUFValueType.UINT64: "<u8", GGUFValueType.INT64: "<i8",
-    GGUFValueType.FLOAT64: "<f8",
-}
+# the same little-endian layouts as numpy dtypes, for whole arrays
+_NUMPY_DTYPES: dict[GGUFValueType, np.dtype] = {t: np.dtype(f) for t, f in _SCALAR_FORMATS.items()}
 
 # (block size, bytes per block) per ggml type id: the PyPI gguf table plus the types the
 # pinned tree added after gguf 0.19 (gguf-py/gguf/constants.py at the base).

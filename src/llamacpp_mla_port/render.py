@@ -23,11 +23,6 @@ class RenderedCommit:
     slug: str
     message: str                  # title line, blank line, body; ends with a newline
     files: dict[str, bytes]       # path -> full content after this commit
-    created: frozenset[str]       # paths this commit creates
-
-    @property
-    def title(self) -> str:
-        return self.message.splitlines()[0]
 
 
 def make_env(series: Series) -> jinja2.Environment:
@@ -156,7 +151,6 @@ def render_series(series: Series, read_base: Callable[[str], bytes | None],
         for change in commit.changes:
             by_file.setdefault(change.file, []).append(change)
         files: dict[str, bytes] = {}
-        created = set()
         for path, changes in by_file.items():
             before = read(path)
             if any(c.placement == "create" for c in changes):
@@ -171,7 +165,6 @@ def render_series(series: Series, read_base: Callable[[str], bytes | None],
                 text = _render(env, changes[0].template, {**context, **changes[0].vars},
                                changes[0].origin)
                 files[path] = text.encode("utf-8")
-                created.add(path)
                 continue
             if before is None:
                 raise AnchorError(f"{changes[0].origin}: {path} does not exist at base "
@@ -216,8 +209,7 @@ def render_series(series: Series, read_base: Callable[[str], bytes | None],
         if len(message.splitlines()) > 1 and message.splitlines()[1].strip():
             raise RenderError(f"series/{commit.slug}: the commit title must be followed by a "
                               "blank line", "edit message.txt.j2")
-        out.append(RenderedCommit(slug=commit.slug, message=message, files=files,
-                                  created=frozenset(created)))
+        out.append(RenderedCommit(slug=commit.slug, message=message, files=files))
     return out
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -251,7 +250,3 @@ def _checked_git(pin: Pin, git_url: str | None, log) -> Base:
             f"{pin.sdist.tree[:12]} recorded in the pin; patches apply by blob id and are "
             "checked when applied")
     return base
-
-
-def remove_cache() -> None:
-    shutil.rmtree(cache_dir(), ignore_errors=True)
