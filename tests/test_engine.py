@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_mla_port import PATCHES_DIR, PROJECT_ROOT, TEMPLATES_DIR, engine, gitutil, upstream
+from llamacpp_mla_port import engine, gitutil, upstream
+
+REPO = Path(__file__).resolve().parents[1]          # this checkout
+TEMPLATES_DIR, PATCHES_DIR = REPO / "templates", REPO / "patches"
 from llamacpp_mla_port.errors import (AnchorError, NetworkError, ObtainError, RenderError,
                                       SeriesError, WorkTreeError)
 from llamacpp_mla_port.pin import load_pin
@@ -278,7 +281,7 @@ def test_interrupted_run_can_simply_be_rerun(tmp_path, sdist_tarball, delay):
     work, patches = tmp_path / "work", tmp_path / "patches"
     cmd = TOOL + ["patch", "--source", "sdist", "--sdist-file", str(sdist_tarball),
                   "--work-dir", str(work), "--patches-dir", str(patches)]
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     time.sleep(delay)

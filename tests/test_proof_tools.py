@@ -105,18 +105,18 @@ def test_run_draft_logits_failure_is_a_proof_error(tmp_path):
 
 @pytest.mark.build
 def test_target_features_command(patched_tree, llama_build, tmp_path, capsys):
+    from llamacpp_mla_port.cli import main
     from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-    from llamacpp_mla_port.proof import target_features
 
     target = write_kimi_k3_target(llama_build, tmp_path / "target.gguf")
-    rc = target_features.main(["--target", str(target), "--layers", "1,0", "--tokens", "4,8,15,16",
+    rc = main(["target-features", "--target", str(target), "--layers", "1,0", "--tokens", "4,8,15,16",
                                "--out", str(tmp_path / "tf"), "--tree", str(patched_tree), "--build", str(llama_build)])
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["features_shape"] == [4, 2 * 128]
     rows = np.load(tmp_path / "tf" / "features.npy")
     # tap 1 is the input of layer 0: the token embeddings
     assert np.isfinite(rows).all() and np.abs(rows[:, 128:]).max() > 0
-    rc = target_features.main(["--target", str(target), "--layers", "7", "--tokens", "4",
+    rc = main(["target-features", "--target", str(target), "--layers", "7", "--tokens", "4",
                                "--out", str(tmp_path / "bad"), "--tree", str(patched_tree),
                                "--build", str(llama_build)])
     assert rc != 0

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_mla_port import TEMPLATES_DIR, engine, gitutil, upstream
+from llamacpp_mla_port import engine, gitutil, upstream
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
 from llamacpp_mla_port.cli import main
 from llamacpp_mla_port.pin import load_pin
 

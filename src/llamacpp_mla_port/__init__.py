@@ -1,11 +1,8 @@
 """llamacpp-mla-port: renders, applies and proves a patch series that teaches llama.cpp
-to run the MLA-native Kimi-K3 DSpark draft model."""
+to run the MLA-native Kimi-K3 DSpark draft model.
 
-from pathlib import Path
+The tool acts on the project checkout you stand in (see `project`), never on the folder
+the package happens to be installed from.
+"""
 
 __version__ = "0.1.0"
-
-#: The project checkout (holds templates/, patches/, Makefile). The tool runs from it.
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES_DIR = PROJECT_ROOT / "templates"
-PATCHES_DIR = PROJECT_ROOT / "patches"

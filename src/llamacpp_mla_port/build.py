@@ -7,12 +7,11 @@ cold build stays a few minutes on two cores and a rebuild after a re-render reco
 the changed sources. Progress (CMake/Ninja's own lines) streams to the terminal; the full
 log is kept in <build-dir>/llamacpp-mla-port-build.log.
 
-Tests use `ensure_build(tree, build_dir, targets)`.
+Tests use `ensure_build(tree, build_dir, targets)`; the verb is commands/build.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import shutil
@@ -45,19 +44,6 @@ BASE_CMAKE_ARGS: tuple[str, ...] = (
 LOG_NAME = "llamacpp-mla-port-build.log"
 ARGS_NAME = "llamacpp-mla-port-cmake-args.txt"
 TAIL_LINES = 40
-
-
-def _default_work_dir() -> Path:
-    from llamacpp_mla_port.workspace import default_work_dir
-    return default_work_dir()
-
-
-def default_tree() -> Path:
-    return _default_work_dir() / "llama.cpp"
-
-
-def default_build_dir() -> Path:
-    return _default_work_dir() / "build"
 
 
 def default_jobs() -> int:
@@ -138,30 +124,3 @@ def ensure_build(tree: Path, build_dir: Path, targets: Iterable[str] = DEFAULT_T
         raise BuildError(f"build finished but {', '.join(missing)} not in {build_dir / 'bin'}",
                          hint=f"check {log_path}; a target name may not exist in this llama.cpp version")
     return build_dir
-
-
-# ------------------------------------------------------------------------------------- CLI
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="tool-owned work dir holding llama.cpp/ and build/ (default: ./work or $MLA_PORT_WORK_DIR)")
-    parser.add_argument("--tree", type=Path, default=None,
-                        help="llama.cpp source tree (default: <work-dir>/llama.cpp)")
-    parser.add_argument("--build-dir", type=Path, default=None,
-                        help="CMake build dir (default: <work-dir>/build)")
-    parser.add_argument("--target", dest="targets", action="append", default=None, metavar="TARGET",
-                        help=f"build this target (repeatable; default: {' '.join(DEFAULT_TARGETS)})")
-    parser.add_argument("--cmake-arg", dest="cmake_args", action="append", default=[], metavar="ARG",
-                        help="extra CMake configure option, e.g. --cmake-arg -DGGML_CUDA=ON (repeatable)")
-    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
-    parser.add_argument("--quiet", action="store_true", help="do not stream the build output")
-
-
-def run(args: argparse.Namespace) -> int:
-    work_dir = args.work_dir or _default_work_dir()
-    tree = args.tree or work_dir / "llama.cpp"
-    build_dir = args.build_dir or work_dir / "build"
-    targets = args.targets or list(DEFAULT_TARGETS)
-    out = ensure_build(tree, build_dir, targets, args.cmake_args, jobs=args.jobs, echo=not args.quiet)
-    print(f"built {' '.join(targets)} in {out / 'bin'}")
-    return 0

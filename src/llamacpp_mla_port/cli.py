@@ -1,6 +1,9 @@
-"""The whole argument tree. Each verb lives in its own module, imported only when used.
+"""The whole argument tree. Every verb is one module in commands/, imported only when used.
 
-A verb module exposes `configure(parser)` (adds its arguments) and `run(args) -> int`.
+A verb module exposes `configure(parser)` (adds its arguments) and `run(args) -> int`; it
+parses, calls the module that does the work, and returns the exit code. One global option
+comes before the verb: `--project DIR`, the checkout to act on (default: the one holding the
+current directory, found upward like git; see project.py).
 """
 
 from __future__ import annotations
@@ -9,34 +12,28 @@ import argparse
 import importlib
 import sys
 
-from llamacpp_mla_port import __version__
+from llamacpp_mla_port import __version__, project
 from llamacpp_mla_port.errors import PortError
 
-#: verb -> (module, one-line help). Order is the order of `--help`.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "obtain": ("llamacpp_mla_port.commands.obtain",
-               "fetch the pinned llama.cpp base into the tool-owned work tree (git or sdist)"),
-    "patch": ("llamacpp_mla_port.commands.patch",
-              "render templates/, export patches/ and apply the series on the work tree"),
-    "check": ("llamacpp_mla_port.commands.check",
-              "fail (and print the drift) when patches/ differ from a fresh render"),
-    "build": ("llamacpp_mla_port.build",
-              "CMake build of the patched tree (only the targets the job and proof need)"),
-    "doctor": ("llamacpp_mla_port.doctor",
-               "diagnose (and repair) a K3 DSpark draft GGUF from its header and metadata"),
-    "fixtures": ("llamacpp_mla_port.fixtures.cli",
-                 "write the tiny offline test models (checkpoints and GGUFs)"),
-    "draft-logits": ("llamacpp_mla_port.proof.draft_logits",
-                     "run the patched llama.cpp draft on given features and tokens, write .npy logits"),
-    "target-features": ("llamacpp_mla_port.proof.target_features",
-                        "dump the hidden states the patched Kimi-K3 target hands a draft"),
-    "smoke": ("llamacpp_mla_port.proof.smoke",
-              "build, make fixtures, run parity and lossless checks, print one JSON report"),
-    "pr": ("llamacpp_mla_port.upstream_kit",
-           "check each commit builds and lints, run the proof, write an evidence folder"),
-    "rebase": ("llamacpp_mla_port.rebase",
-               "re-render the series against a newer upstream and move the pin forward"),
+#: verb -> one-line help, in the order of `--help`; the verb's module is commands/<verb>.py
+#: (dashes become underscores), see module_of.
+COMMANDS: dict[str, str] = {
+    "obtain": "fetch the pinned llama.cpp base into the tool-owned work tree (git or sdist)",
+    "patch": "render templates/, export patches/ and apply the series on the work tree",
+    "check": "fail (and print the drift) when patches/ differ from a fresh render",
+    "build": "CMake build of the patched tree (only the targets the job and proof need)",
+    "doctor": "diagnose (and repair) a K3 DSpark draft GGUF from its header and metadata",
+    "fixtures": "write the tiny offline test models (checkpoints and GGUFs)",
+    "draft-logits": "run the patched llama.cpp draft on given features and tokens, write .npy logits",
+    "target-features": "dump the hidden states the patched Kimi-K3 target hands a draft",
+    "smoke": "build, make fixtures, run parity and lossless checks, print one JSON report",
+    "pr": "check each commit builds and lints, run the proof, write an evidence folder",
+    "rebase": "re-render the series against a newer upstream and move the pin forward",
 }
+
+
+def module_of(verb: str) -> str:
+    return "llamacpp_mla_port.commands." + verb.replace("-", "_")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,25 +42,39 @@ def build_parser() -> argparse.ArgumentParser:
         description="Render, apply and prove the llama.cpp patch series for MLA DSpark drafts.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--project", metavar="DIR",
+                        help="the project checkout to act on (default: found from the current "
+                             f"directory upward; ${project.ENV_VAR} also sets it)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         sub.add_parser(name, help=help_text, description=help_text, add_help=False)
     return parser
+
+
+def _split_global(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(--project value, the rest) for the options before the verb."""
+    if argv and argv[0] == "--project" and len(argv) > 1:
+        return argv[1], argv[2:]
+    if argv and argv[0].startswith("--project="):
+        return argv[0].split("=", 1)[1], argv[1:]
+    return None, argv
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    project_dir, argv = _split_global(argv)
     if not argv or argv[0] not in COMMANDS:
         parser.parse_args(argv or ["--help"])
         return 2
     name, rest = argv[0], argv[1:]
-    module_name, help_text = COMMANDS[name]
-    module = importlib.import_module(module_name)
+    help_text = COMMANDS[name]
+    module = importlib.import_module(module_of(name))
     verb = argparse.ArgumentParser(prog=f"llamacpp-mla-port {name}", description=help_text)
     module.configure(verb)
     args = verb.parse_args(rest)
     try:
+        project.select(project_dir)
         return int(module.run(args) or 0)
     except PortError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -71,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to continue", file=sys.stderr)
         return 130
+    finally:
+        project.select(None)
 
 
 if __name__ == "__main__":

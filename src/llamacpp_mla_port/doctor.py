@@ -26,76 +26,36 @@ never written in place: OUT must differ from DRAFT. Fixable metadata:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from gguf.constants import GGUFValueType
 
-from llamacpp_mla_port.doctor_checks import ERROR, OK, WARNING, Finding, exit_code, key, run_checks
+from llamacpp_mla_port.doctor_checks import Finding, exit_code, key, run_checks
 from llamacpp_mla_port.errors import GGUFError, PortError
 from llamacpp_mla_port.gguf_safe import GGUFHeader, read_header, rewrite_metadata
 
-EPILOG = """exit codes: 0 all checks ok, 1 warnings only, 2 errors (or unreadable GGUF).
-With --fix-metadata: the exit code of the re-check of OUT.gguf."""
 
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("draft", type=Path, metavar="DRAFT.gguf", help="the draft GGUF to diagnose")
-    parser.add_argument("--target", type=Path, metavar="TARGET.gguf",
-                        help="the target GGUF: compare n_embd, vocabulary, tokenizer, taps and embeddings")
-    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show the evidence of passing checks too")
-    fix = parser.add_argument_group("repair (writes a corrected copy, never in place)")
-    fix.add_argument("--fix-metadata", type=Path, metavar="OUT.gguf",
-                     help="write a corrected copy to OUT.gguf and re-run the checks on it")
-    src = fix.add_mutually_exclusive_group()
-    src.add_argument("--target-layers", metavar="IDS",
-                     help="HF target_layer_ids, 0-based, comma-separated (e.g. 2,23,47,71,89); +1 is applied")
-    src.add_argument("--from-config", type=Path, metavar="config.json",
-                     help="take target_layer_ids, mask_token_id (and block_size if present) from a config.json")
-    fix.add_argument("--block-size", type=int, metavar="N", help="set dflash.block_size")
-    fix.add_argument("--force", action="store_true", help="overwrite OUT.gguf if it exists")
-
-
-def run(args: argparse.Namespace) -> int:
-    fixing = args.fix_metadata is not None
-    if not fixing and (args.target_layers or args.from_config or args.block_size is not None):
-        raise PortError("--target-layers, --from-config and --block-size need --fix-metadata OUT.gguf",
-                        "add --fix-metadata OUT.gguf (the input is never modified)")
-    draft = read_header(args.draft)
-    target = read_header(args.target) if args.target else None
-    fix_hint = f"llamacpp-mla-port doctor {args.draft} --fix-metadata OUT.gguf"
-    _ctx, findings = run_checks(draft, target, fix_hint)
-    report: dict[str, Any] = {"file": str(args.draft), "target": str(args.target) if args.target else None,
-                              **_summary(draft, _ctx.layout), "findings": [f.as_dict() for f in findings],
+def diagnose(draft_path: Path, target_path: Path | None = None) -> tuple[dict[str, Any], list[Finding]]:
+    """Check a draft (and its pairing with a target): the report and the findings."""
+    draft = read_header(draft_path)
+    target = read_header(target_path) if target_path else None
+    ctx, findings = run_checks(draft, target, f"llamacpp-mla-port doctor {draft_path} --fix-metadata OUT.gguf")
+    report: dict[str, Any] = {"file": str(draft_path), "target": str(target_path) if target_path else None,
+                              **_summary(draft, ctx.layout), "findings": [f.as_dict() for f in findings],
                               "exit_code": exit_code(findings)}
-    code = report["exit_code"]
-    if fixing:
-        changes = _planned_changes(args, draft)
-        _write_fixed(args, draft, changes)
-        fixed = read_header(args.fix_metadata)
-        fctx, ffindings = run_checks(fixed, target, fix_hint)
-        code = exit_code(ffindings)
-        report["fixed"] = {"file": str(args.fix_metadata),
-                           "changes": {k: v[1] for k, v in changes.items()},
-                           **_summary(fixed, fctx.layout),
-                           "findings": [f.as_dict() for f in ffindings], "exit_code": code}
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        out = _Printer(sys.stdout, args.verbose)
-        out.section(report, findings)
-        if fixing:
-            out.changes(report["fixed"]["changes"], args.fix_metadata)
-            out.section(report["fixed"], ffindings)
-    return code
+    return report, findings
+
+
+def fix_metadata(draft_path: Path, out: Path, target_layers: str | None = None, config: Path | None = None,
+                 block_size: int | None = None, force: bool = False) -> dict[str, Any]:
+    """Write a corrected copy of the draft to `out` (never in place); the planned changes."""
+    draft = read_header(draft_path)
+    changes = plan_changes(draft, target_layers, config, block_size)
+    write_fixed(draft_path, out, draft, changes, force)
+    return {k: v[1] for k, v in changes.items()}
 
 
 def _summary(h: GGUFHeader, layout: str) -> dict[str, Any]:
@@ -128,15 +88,17 @@ def _read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def _planned_changes(args: argparse.Namespace, draft: GGUFHeader) -> dict[str, tuple[GGUFValueType, Any, Any]]:
+def plan_changes(draft: GGUFHeader, target_layers: str | None = None, config: Path | None = None,
+                 block_size: int | None = None) -> dict[str, tuple[GGUFValueType, Any, Any]]:
+    """key -> (type, new value, item type) for what the user asked to fix."""
     changes: dict[str, tuple[GGUFValueType, Any, Any]] = {}
     hf_ids: list[int] | None = None
-    block = args.block_size
+    block = block_size
     mask = None
-    if args.target_layers:
-        hf_ids = _parse_ids(args.target_layers)
-    elif args.from_config:
-        cfg = _read_config(args.from_config)
+    if target_layers:
+        hf_ids = _parse_ids(target_layers)
+    elif config:
+        cfg = _read_config(config)
         sub = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
         if "target_layer_ids" in cfg or "target_layer_ids" in sub:
             hf_ids = cfg.get("target_layer_ids", sub.get("target_layer_ids"))
@@ -146,7 +108,7 @@ def _planned_changes(args: argparse.Namespace, draft: GGUFHeader) -> dict[str, t
         if block is None:
             block = cfg.get("block_size", sub.get("block_size"))
         if hf_ids is None and mask is None and block is None:
-            raise PortError(f"{args.from_config} has no target_layer_ids, mask_token_id or block_size",
+            raise PortError(f"{config} has no target_layer_ids, mask_token_id or block_size",
                             "pass the draft checkpoint's config.json (Inferact/Kimi-K3-DSpark)")
     if hf_ids is not None:
         def is_layer(i: Any) -> bool:
@@ -174,9 +136,7 @@ def _planned_changes(args: argparse.Namespace, draft: GGUFHeader) -> dict[str, t
     return changes
 
 
-def _write_fixed(args: argparse.Namespace, draft: GGUFHeader, changes: dict) -> None:
-    out: Path = args.fix_metadata
-    src = args.draft
+def write_fixed(src: Path, out: Path, draft: GGUFHeader, changes: dict, force: bool = False) -> None:
     same = out.resolve() == src.resolve()
     if not same and out.exists():
         try:
@@ -186,7 +146,7 @@ def _write_fixed(args: argparse.Namespace, draft: GGUFHeader, changes: dict) -> 
     if same:
         raise PortError(f"--fix-metadata {out} is the input file",
                         "the repair never writes in place: give another output path")
-    if out.exists() and not args.force:
+    if out.exists() and not force:
         raise PortError(f"{out} exists", "choose another path or add --force")
     if not out.parent.is_dir():
         raise PortError(f"directory {out.parent} does not exist", "create it first")
@@ -194,43 +154,3 @@ def _write_fixed(args: argparse.Namespace, draft: GGUFHeader, changes: dict) -> 
         rewrite_metadata(draft, out, changes)
     except OSError as err:
         raise GGUFError(f"cannot write {out}: {err.strerror}", "check free space and permissions") from None
-
-
-# --- human output ------------------------------------------------------------------------
-
-class _Printer:
-    COLOURS = {OK: "\x1b[32m", WARNING: "\x1b[33m", ERROR: "\x1b[31m"}
-    MARKS = {OK: "ok  ", WARNING: "WARN", ERROR: "FAIL"}
-
-    def __init__(self, stream: Any, verbose: bool = False):
-        self.stream = stream
-        self.verbose = verbose
-        self.colour = hasattr(stream, "isatty") and stream.isatty() and not os.environ.get("NO_COLOR")
-
-    def _c(self, verdict: str, text: str) -> str:
-        return f"{self.COLOURS[verdict]}{text}\x1b[0m" if self.colour else text
-
-    def _bold(self, text: str) -> str:
-        return f"\x1b[1m{text}\x1b[0m" if self.colour else text
-
-    def section(self, report: dict[str, Any], findings: list[Finding]) -> None:
-        w = self.stream.write
-        w(self._bold(f"{report['file']}") + f"  ({report['architecture']}, {report['layout']} layout, "
-          f"GGUF v{report['gguf_version']}, {report['tensors']} tensors, {report['kv']} keys, "
-          f"{report['file_size']:,} bytes)\n")
-        for f in findings:
-            w(f"  [{self._c(f.verdict, self.MARKS[f.verdict])}] {f.check:<18} {f.title}\n")
-            if f.verdict != OK or self.verbose:
-                w(f"         {'':<18} {f.evidence}\n")
-            if f.fix and f.verdict != OK:
-                w(f"         {'':<18} fix: {f.fix}\n")
-        n = {v: sum(1 for f in findings if f.verdict == v) for v in (OK, WARNING, ERROR)}
-        code = report["exit_code"]
-        verdict = {0: OK, 1: WARNING, 2: ERROR}[code]
-        words = {0: "fine", 1: "loads, with warnings", 2: "will not work as is"}[code]
-        w(self._c(verdict, f"  => {words}: {n[OK]} ok, {n[WARNING]} warnings, {n[ERROR]} errors "
-                  f"(exit {code})") + "\n\n")
-
-    def changes(self, changes: dict[str, Any], out: Path) -> None:
-        self.stream.write(self._bold(f"wrote {out}") + " with " +
-                          ", ".join(f"{k} = {v}" for k, v in changes.items()) + "; re-checking:\n")

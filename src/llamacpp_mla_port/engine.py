@@ -13,7 +13,7 @@ from pathlib import Path
 
 import git
 
-from llamacpp_mla_port import PATCHES_DIR, TEMPLATES_DIR, gitutil, series as series_mod
+from llamacpp_mla_port import gitutil, project, series as series_mod
 from llamacpp_mla_port.errors import SeriesError
 from llamacpp_mla_port.pin import Pin, load_pin
 from llamacpp_mla_port.port import Series, load_series
@@ -25,12 +25,15 @@ from llamacpp_mla_port.workspace import Workspace, default_work_dir
 @dataclass
 class Options:
     work_dir: Path | None = None
-    patches_dir: Path = PATCHES_DIR
-    templates_dir: Path = TEMPLATES_DIR
+    patches_dir: Path | None = None      # None: the current checkout's (project.current())
+    templates_dir: Path | None = None
     source: str = "auto"
     git_url: str | None = None
     sdist_file: Path | None = None
     commit: str | None = None
+
+    def __post_init__(self) -> None:
+        self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
 
     def pin(self) -> Pin:
         pin = load_pin(self.templates_dir / "pin.toml")

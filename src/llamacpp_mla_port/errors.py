@@ -25,6 +25,10 @@ class PortError(Exception):
         return self.message
 
 
+class ProjectError(PortError):
+    """No project checkout to act on (run outside one, or --project names another folder)."""
+
+
 class PinError(PortError):
     """The pin file is missing or malformed."""
 

@@ -7,10 +7,8 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from llamacpp_mla_port import TEMPLATES_DIR
 from llamacpp_mla_port.errors import PinError
 
-PIN_FILE = TEMPLATES_DIR / "pin.toml"
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -56,7 +54,11 @@ def _need(table: dict, key: str, where: str, path: Path):
     return table[key]
 
 
-def load_pin(path: Path = PIN_FILE) -> Pin:
+def load_pin(path: Path | None = None) -> Pin:
+    """The pin of `path`, by default the current checkout's templates/pin.toml."""
+    if path is None:
+        from llamacpp_mla_port import project
+        path = project.current().pin_file
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -10,7 +10,6 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamacpp_mla_port import TEMPLATES_DIR
 from llamacpp_mla_port.errors import PortDescriptionError
 
 PLACEMENTS = ("after", "before", "replace", "create")
@@ -97,7 +96,10 @@ def _change(raw: dict, folder: Path, root: Path, origin: str) -> Change:
                   origin=origin)
 
 
-def load_series(root: Path = TEMPLATES_DIR) -> Series:
+def load_series(root: Path | None = None) -> Series:
+    if root is None:
+        from llamacpp_mla_port import project
+        root = project.current().templates_dir
     port = _load_toml(root / "port.toml")
     meta = port.get("series", {})
     for key in ("author_name", "author_email", "date", "branch"):

@@ -25,12 +25,9 @@ The range-diff compares the series as the current templates render at the old pi
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import re
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,14 +35,14 @@ from pathlib import Path
 import git
 import jinja2
 
-from llamacpp_mla_port import PATCHES_DIR, TEMPLATES_DIR, engine, gitutil, series as series_mod
+from llamacpp_mla_port import engine, gitutil, project, series as series_mod
 from llamacpp_mla_port import upstream
 from llamacpp_mla_port.errors import AnchorError, PinError, PortError, WorkTreeError
 from llamacpp_mla_port.pin import Pin, load_pin
 from llamacpp_mla_port.port import Change, Series, load_series
 from llamacpp_mla_port.render import (Overlay, find_all, locate, make_env, nearest_lines,
                                       render_change_text, render_series)
-from llamacpp_mla_port.upstream import Base, SOURCES
+from llamacpp_mla_port.upstream import Base
 from llamacpp_mla_port.workspace import BASE_BRANCH, Workspace, default_work_dir
 
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
@@ -470,11 +467,14 @@ class RebaseOptions:
     force: bool = False
     canary: bool = False
     tag: str | None = None
-    templates_dir: Path = TEMPLATES_DIR
-    patches_dir: Path = PATCHES_DIR
+    templates_dir: Path | None = None    # None: the current checkout's (project.current())
+    patches_dir: Path | None = None
     work_dir: Path | None = None
     source: str = "auto"
     sdist_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
 
 
 def _old_base(pin: Pin, opts: RebaseOptions, log) -> Base | None:
@@ -645,55 +645,3 @@ def format_text(o: Outcome) -> str:
         out.append("git range-diff (old series vs new series):")
         out.append(o.range_diff)
     return "\n".join(out)
-
-
-# ----------------------------------------------------------------------------------- CLI
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--onto", required=True, metavar="COMMIT|PATH",
-                        help="the newer upstream: a commit/tag/branch (of --git-url, default the "
-                             "pin's URL), a local clone (its HEAD), or a plain llama.cpp tree "
-                             "(canary only)")
-    parser.add_argument("--git-url", metavar="URL|PATH",
-                        help="the repository holding --onto (a local clone is fastest)")
-    parser.add_argument("--force", action="store_true",
-                        help="accept an older or unrelated commit (the pin normally moves "
-                             "forward only)")
-    parser.add_argument("--canary", action="store_true",
-                        help="only try: write nothing, print a JSON report, exit 1 at the "
-                             "first failing change")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--tag", help="tag name to record in the pin (default: git describe "
-                                      "--exact-match in a local clone, else the short id)")
-    parser.add_argument("--templates-dir", type=Path, default=TEMPLATES_DIR, metavar="DIR",
-                        help="the port description (default: ./templates)")
-    parser.add_argument("--patches-dir", type=Path, default=PATCHES_DIR, metavar="DIR",
-                        help="the exported series (default: ./patches)")
-    parser.add_argument("--work-dir", type=Path, metavar="DIR",
-                        help="tool-owned work dir, re-applied on success when it exists "
-                             "(default: ./work, or $MLA_PORT_WORK_DIR)")
-    parser.add_argument("--source", choices=SOURCES, default="auto",
-                        help="where the OLD pinned base comes from when not cached")
-    parser.add_argument("--sdist-file", type=Path, metavar="PATH",
-                        help="the already-downloaded sdist of the old pin")
-
-
-def run(args: argparse.Namespace) -> int:
-    opts = RebaseOptions(onto=args.onto, git_url=args.git_url, force=args.force,
-                         canary=args.canary, tag=args.tag, templates_dir=args.templates_dir,
-                         patches_dir=args.patches_dir, work_dir=args.work_dir,
-                         source=args.source, sdist_file=args.sdist_file)
-    as_json = args.json or args.canary
-    log = (lambda *a: print(*a, file=sys.stderr)) if as_json else print
-    try:
-        o = rebase(opts, log=log)
-    except PortError as err:
-        if not as_json:
-            raise
-        print(json.dumps({"ok": False, "status": "error", "error": {
-            "kind": type(err).__name__, "message": err.message, "hint": err.hint}}, indent=2))
-        return err.exit_code
-    if as_json:
-        print(json.dumps(o.to_json(), indent=2))
-    else:
-        print(format_text(o))
-    return 0 if o.ok else 1

@@ -19,7 +19,6 @@ disclosure to be the contributor's own). Steps:
 
 from __future__ import annotations
 
-import argparse
 import configparser
 import fnmatch
 import importlib.util
@@ -36,7 +35,7 @@ from typing import Callable, Iterable
 
 import git
 
-from llamacpp_mla_port import PATCHES_DIR, TEMPLATES_DIR, engine, gitutil
+from llamacpp_mla_port import engine, gitutil, project
 from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG
 from llamacpp_mla_port.errors import PortError, SeriesError, WorkTreeError
 from llamacpp_mla_port.pin import load_pin
@@ -435,8 +434,8 @@ def checklist(template: str | None, checks: dict) -> str:
 @dataclass
 class PrOptions:
     work_dir: Path | None = None
-    patches_dir: Path = PATCHES_DIR
-    templates_dir: Path = TEMPLATES_DIR
+    patches_dir: Path | None = None      # None: the current checkout's (project.current())
+    templates_dir: Path | None = None
     evidence: Path | None = None
     build_dir: Path | None = None
     targets: tuple[str, ...] = PR_TARGETS
@@ -444,6 +443,9 @@ class PrOptions:
     skip_build: bool = False
     skip_smoke: bool = False
     smoke_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
 
 
 def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=print) -> dict:
@@ -524,47 +526,3 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
         f"{'; skipped: ' + ', '.join(skipped) if skipped else ''}; complete CHECKLIST.md "
         "yourself); nothing was pushed")
     return {"evidence": evidence, **results}
-
-
-# ---------------------------------------------------------------------------------- CLI
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--work-dir", type=Path, metavar="DIR",
-                        help="tool-owned work dir with the applied series (default: ./work)")
-    parser.add_argument("--patches-dir", type=Path, default=PATCHES_DIR, metavar="DIR")
-    parser.add_argument("--templates-dir", type=Path, default=TEMPLATES_DIR, metavar="DIR")
-    parser.add_argument("--evidence", type=Path, metavar="DIR",
-                        help="where the evidence folder goes (default: <work-dir>/evidence)")
-    parser.add_argument("--build-dir", type=Path, metavar="DIR",
-                        help="build dir of the per-commit builds (default: <work-dir>/pr/build)")
-    parser.add_argument("--target", dest="targets", action="append", metavar="TARGET",
-                        help=f"target every commit must build (default: {' '.join(PR_TARGETS)})")
-    parser.add_argument("-j", "--jobs", type=int, default=None)
-    parser.add_argument("--skip-build", action="store_true",
-                        help="lint only: do not build each commit (the evidence says so)")
-    parser.add_argument("--skip-smoke", action="store_true",
-                        help="do not run the proof (the evidence says so)")
-    parser.add_argument("--smoke-arg", dest="smoke_args", action="append", default=[],
-                        metavar="ARG", help="passed to `smoke` (e.g. --smoke-arg=--quick)")
-
-
-def run(args: argparse.Namespace) -> int:
-    opts = PrOptions(work_dir=args.work_dir, patches_dir=args.patches_dir,
-                     templates_dir=args.templates_dir, evidence=args.evidence,
-                     build_dir=args.build_dir, targets=tuple(args.targets or PR_TARGETS),
-                     jobs=args.jobs, skip_build=args.skip_build, skip_smoke=args.skip_smoke,
-                     smoke_args=tuple(args.smoke_args))
-    result = make_pr(opts)
-    for c in result["commits"]:
-        print(f"{c['sha'][:12]} {'ok    ' if c['ok'] else 'FAILED'} {c['title']}")
-        if c["build_ok"] is False:
-            print("    build: " + c["build_error"].splitlines()[0])
-        for w in c["warnings"]:
-            print(f"    warning (touched file): {w}")
-        for f in c["findings"]:
-            print(f"    {f['check']}: {f['file']}:{f['line'] or ''}: {f['code']} {f['message']}")
-    for k, v in result["checks"].items():
-        if k != "build_note":
-            print(f"{k:14} {'skipped' if v is None else 'ok' if v else 'FAILED'}")
-    print(f"evidence: {result['evidence']} (CHECKLIST.md is for you to complete; nothing was "
-          "pushed and no PR description was written)")
-    return 0 if result["ok"] else 1

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import git
 
-from llamacpp_mla_port import PROJECT_ROOT, gitutil
+from llamacpp_mla_port import gitutil, project
 from llamacpp_mla_port.errors import WorkTreeError
 from llamacpp_mla_port.upstream import Base, cache_repo
 
@@ -25,7 +25,27 @@ BASE_BRANCH = "mla-port-base"
 
 
 def default_work_dir() -> Path:
-    return Path(os.environ.get("MLA_PORT_WORK_DIR") or PROJECT_ROOT / "work")
+    """$MLA_PORT_WORK_DIR, else work/ of the current checkout."""
+    return project.current().work_dir
+
+
+def locate_build(tree: str | Path | None = None, build: str | Path | None = None) -> tuple[Path, Path]:
+    """The patched llama.cpp tree and its build dir the proof runs on.
+
+    Explicit paths first, else $MLA_PORT_TREE / $MLA_PORT_BUILD, else the tool-owned work
+    tree and build of the current checkout.
+    """
+    tree = tree or os.environ.get("MLA_PORT_TREE")
+    build = build or os.environ.get("MLA_PORT_BUILD")
+    if not (tree and build):
+        ws = Workspace(default_work_dir())
+        tree = tree or ws.tree
+        build = build or ws.build_dir
+    tree, build = Path(tree), Path(build)
+    if not (tree / "include" / "llama.h").is_file():
+        raise WorkTreeError(f"no patched llama.cpp tree at {tree}",
+                            "run `make patch` and `make build` first, or pass --tree/--build")
+    return tree, build
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llamacpp_mla_port import PATCHES_DIR
 from llamacpp_mla_port.engine import Options
 from llamacpp_mla_port.upstream import SOURCES
 
@@ -24,7 +23,7 @@ def add_source_args(parser: argparse.ArgumentParser) -> None:
                         "does not apply then)")
     g.add_argument("--work-dir", type=Path, metavar="DIR",
                    help="tool-owned work dir (default: ./work, or $MLA_PORT_WORK_DIR)")
-    parser.add_argument("--patches-dir", type=Path, default=PATCHES_DIR, metavar="DIR",
+    parser.add_argument("--patches-dir", type=Path, default=None, metavar="DIR",
                         help="where the exported series lives (default: ./patches)")
 
 

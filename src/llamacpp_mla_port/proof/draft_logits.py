@@ -1,20 +1,14 @@
-"""`draft-logits`: run the patched llama.cpp draft on given target features and block ids.
+"""Run the patched llama.cpp draft on given target features and block ids.
 
-    llamacpp-mla-port draft-logits --draft draft.gguf --target target.gguf \\
-        --features feats.npy --tokens 163837,163837,... --out outdir/ [--reference ckpt_dir]
-
-Writes outdir/{biased_logits,chain,hidden,base_logits[,confidence]}.npy and meta.json
-(see cpp/draft-logits.cpp). With --reference the float64 reference of the same HF
-checkpoint runs on the same inputs and the NMSE per output is printed, which is the check
-llama.cpp asks of a model port.
+`run_draft_logits` drives the compiled cpp/draft-logits.cpp program, which writes
+out_dir/{biased_logits,chain,hidden,base_logits[,confidence]}.npy and meta.json; the
+verb `draft-logits` (commands/draft_logits.py) is its command line.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,21 +55,6 @@ def parse_kv_bytes_per_token(line: str) -> float | None:
     return float(m.group(1)) * 1024 * 1024 / int(m.group(2))
 
 
-def resolve_tree_and_build(tree: str | Path | None = None, build: str | Path | None = None) -> tuple[Path, Path]:
-    """Explicit paths, else MLA_PORT_TREE/MLA_PORT_BUILD, else the tool-owned work tree and build."""
-    tree = tree or os.environ.get("MLA_PORT_TREE")
-    build = build or os.environ.get("MLA_PORT_BUILD")
-    if tree and build:
-        return Path(tree), Path(build)
-    from llamacpp_mla_port import engine
-    ws = engine.Options().workspace()
-    tree = Path(tree) if tree else ws.tree
-    build = Path(build) if build else ws.build_dir
-    if not (tree / "include" / "llama.h").is_file():
-        raise ProofError(f"no patched llama.cpp tree at {tree}", hint="run `make patch` and `make build` first")
-    return tree, build
-
-
 def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarray | Path, tokens,
                      out_dir: Path, ctx_pos0: int = 0, block_pos0: int | None = None,
                      flash_attn: bool = False, cache_type: str = "f16", threads: int = 2,
@@ -113,48 +92,3 @@ def load_outputs(out_dir: Path) -> DraftLogits:
         meta=json.loads((out_dir / "meta.json").read_text()),
         out_dir=out_dir,
     )
-
-
-def configure(parser) -> None:
-    parser.add_argument("--draft", required=True, type=Path, help="draft GGUF (dflash arch)")
-    parser.add_argument("--target", required=True, type=Path, help="target GGUF (token embeddings and lm_head)")
-    parser.add_argument("--features", required=True, type=Path,
-                        help=".npy [n_ctx, taps * target_n_embd]: target features at the context positions")
-    parser.add_argument("--tokens", required=True,
-                        help="block token ids, comma-separated: anchor then MASK ids")
-    parser.add_argument("--out", required=True, type=Path, help="output folder for the .npy files")
-    parser.add_argument("--ctx-pos0", type=int, default=0, help="position of the first context row")
-    parser.add_argument("--block-pos0", type=int, default=None,
-                        help="position of the anchor (default: right after the context)")
-    parser.add_argument("--flash-attn", choices=("on", "off"), default="off")
-    parser.add_argument("--cache-type", choices=CACHE_TYPES, default="f16", help="draft KV cache type")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
-    parser.add_argument("--build", type=Path, default=None, help="its CMake build dir (default: the work build)")
-    parser.add_argument("--reference", type=Path, default=None,
-                        help="HF checkpoint dir of the draft: also run the float64 reference and print NMSE")
-
-
-def run(args) -> int:
-    from llamacpp_mla_port.proof.programs import compile_program
-
-    tree, build = resolve_tree_and_build(args.tree, args.build)
-    binary = compile_program("draft-logits", tree, build)
-    tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
-    got = run_draft_logits(binary, args.draft, args.target, args.features, tokens, args.out,
-                           ctx_pos0=args.ctx_pos0, block_pos0=args.block_pos0,
-                           flash_attn=args.flash_attn == "on", cache_type=args.cache_type, threads=args.threads)
-    report = {"out": str(args.out), "chain": got.chain.tolist(),
-              "confidence": None if got.confidence is None else got.confidence.tolist(),
-              "kv_bytes_per_token": got.kv_bytes_per_token}
-    if args.reference:
-        from llamacpp_mla_port.proof.parity import compare
-        from llamacpp_mla_port.proof.reference import DraftReference
-        ref = DraftReference.load(args.reference, args.target)
-        feats = np.load(args.features)
-        n_ctx = feats.shape[0]
-        want = ref.forward(feats, tokens, ctx_positions=args.ctx_pos0 + np.arange(n_ctx),
-                           block_pos0=args.block_pos0)
-        report["parity"] = compare(got, want)
-    sys.stdout.write(json.dumps(report, indent=2) + "\n")
-    return 0

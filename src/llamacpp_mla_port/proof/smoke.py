@@ -1,7 +1,6 @@
-"""`smoke`: build, make every fixture offline, run parity, the target side and lossless
-speculative decoding, print ONE JSON report, exit non-zero on any failure.
-
-    llamacpp-mla-port smoke [--work DIR] [--no-build] [--no-server] [--quick]
+"""The whole proof: build, make every fixture offline, run parity, the target side and
+lossless speculative decoding, and return ONE report (the verb `smoke`,
+commands/smoke.py, prints it as JSON and exits non-zero on any failure).
 
 Stages (each is recorded in the report; a failing stage fails the run, later stages still run):
   build      build.ensure_build on the patched tree (the targets the proof needs)
@@ -14,8 +13,6 @@ The tree and build default to the tool's work tree; MLA_PORT_TREE / MLA_PORT_BUI
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import tempfile
 import time
@@ -25,18 +22,6 @@ from pathlib import Path
 from llamacpp_mla_port.errors import PortError, ProofError
 
 SMOKE_TARGETS = ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs")
-
-
-def configure(parser) -> None:
-    parser.add_argument("--work", type=Path, default=None,
-                        help="folder for fixtures and runs (default: a fresh temporary folder)")
-    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
-    parser.add_argument("--build", type=Path, default=None, help="its build dir (default: the work build)")
-    parser.add_argument("--no-build", action="store_true", help="use the existing build as it is")
-    parser.add_argument("--no-server", action="store_true", help="skip the llama-server runs")
-    parser.add_argument("--quick", action="store_true",
-                        help="draft length 3 only in the lossless matrix (a quicker, weaker run)")
-    parser.add_argument("--threads", type=int, default=2)
 
 
 def _log(msg: str) -> None:
@@ -88,23 +73,21 @@ def target_side_check(tree: Path, build: Path, work: Path, base_target: Path) ->
     return out
 
 
-def run(args) -> int:
+def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | None = None,
+              no_build: bool = False, server: bool = True, quick: bool = False, threads: int = 2) -> dict:
+    """Every stage; the report's "ok" says whether all passed (see the module doc)."""
     from llamacpp_mla_port import build as build_mod
-    from llamacpp_mla_port.proof.draft_logits import resolve_tree_and_build
+    from llamacpp_mla_port.workspace import locate_build
 
     started = time.monotonic()
     report: dict = {"stages": {}}
-    tree = args.tree or (Path(os.environ["MLA_PORT_TREE"]) if os.environ.get("MLA_PORT_TREE") else None)
-    build = args.build or (Path(os.environ["MLA_PORT_BUILD"]) if os.environ.get("MLA_PORT_BUILD") else None)
-    tree = tree or build_mod.default_tree()
-    build = build or build_mod.default_build_dir()
-    work = args.work or Path(tempfile.mkdtemp(prefix="mla-port-smoke-"))
+    tree, build = locate_build(tree, build)
+    work = Path(work) if work else Path(tempfile.mkdtemp(prefix="mla-port-smoke-"))
     work.mkdir(parents=True, exist_ok=True)
     report["tree"], report["build"], report["work"] = str(tree), str(build), str(work)
 
-    if not args.no_build:
+    if not no_build:
         _stage(report, "build", lambda: build_mod.ensure_build(tree, build, SMOKE_TARGETS, echo=False))
-    tree, build = resolve_tree_and_build(tree, build)
 
     from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
     target = _stage(report, "fixtures", lambda: write_kimi_k3_target(build, work / "kimi-k3-target.gguf"))
@@ -115,7 +98,7 @@ def run(args) -> int:
         embd, _ = read_target_head(target)
         vocab, hidden = embd.shape
         parity = _stage(report, "parity", lambda: run_parity(
-            tree, build, work / "parity", lambda h, v, n: target, hidden, vocab, threads=args.threads, log=_log))
+            tree, build, work / "parity", lambda h, v, n: target, hidden, vocab, threads=threads, log=_log))
         if parity is not None:
             report["parity"] = {
                 name: {"modes": {m: {"worst_nmse": e["worst_nmse"], "threshold": e["threshold"],
@@ -133,10 +116,10 @@ def run(args) -> int:
         report["target_side"] = _stage(report, "target", lambda: target_side_check(tree, build, work, target))
 
         from llamacpp_mla_port.proof.lossless import run_lossless
-        lengths = (3,) if args.quick else (1, 3, 7)
+        lengths = (3,) if quick else (1, 3, 7)
         lossless = _stage(report, "lossless", lambda: run_lossless(tree, build, work / "lossless", target,
-                                                                   server=not args.no_server,
-                                                                   draft_lengths=lengths, threads=args.threads,
+                                                                   server=server,
+                                                                   draft_lengths=lengths, threads=threads,
                                                                    log=_log))
         if lossless is not None:
             report["lossless"] = lossless
@@ -150,5 +133,4 @@ def run(args) -> int:
 
     report["ok"] = all(s["ok"] for s in report["stages"].values())
     report["seconds"] = round(time.monotonic() - started, 1)
-    sys.stdout.write(json.dumps(report, indent=2) + "\n")
-    return 0 if report["ok"] else 1
+    return report

@@ -12,22 +12,19 @@ it rebuilds each layer's input from the definition of Kimi-K3's attention residu
 checkpoint; a checkpoint layer (il % block_size == 0) banks its input and restarts the
 sum from its own attention output.
 
-    python -m llamacpp_mla_port.proof.target_features --target T.gguf --draft D.gguf \\
-        --tokens 1,2,3 --out DIR [--tree ... --build ...]
+The verb `target-features` (commands/target_features.py) is the command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from llamacpp_mla_port.errors import PortError, ProofError
+from llamacpp_mla_port.errors import ProofError
 
 
 @dataclass
@@ -103,45 +100,3 @@ def full_residual_stream(embd_rows: np.ndarray, attn_outs, ffn_outs) -> list[np.
     for a, f in zip(attn_outs, ffn_outs):
         inputs.append(inputs[-1] + np.asarray(a, np.float64) + np.asarray(f, np.float64))
     return inputs
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, type=Path, help="target GGUF (patched Kimi-K3)")
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--draft", type=Path, help="take the layers from this draft's dflash.target_layers")
-    group.add_argument("--layers", help="comma-separated llama.cpp layer indices (their INPUT is dumped)")
-    parser.add_argument("--tokens", required=True, help="comma-separated prompt token ids")
-    parser.add_argument("--out", required=True, type=Path, help="output folder (features.npy, logits.npy, ...)")
-    parser.add_argument("--dump", default="", help="comma-separated graph tensor names to dump as well")
-    parser.add_argument("--tree", type=Path, help="patched llama.cpp tree (default: the work tree)")
-    parser.add_argument("--build", type=Path, help="its build dir (default: the work build)")
-
-
-def run(args) -> int:
-    """A verb: `configure`/`run` as cli.py expects, so the table can name this module."""
-    from llamacpp_mla_port.proof.draft_logits import resolve_tree_and_build
-    from llamacpp_mla_port.proof.programs import compile_program
-    tree, build = resolve_tree_and_build(args.tree, args.build)
-    binary = compile_program("target-features", tree, build)
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
-    got = dump_target_features(binary, args.target, [int(t) for t in args.tokens.split(",")], args.out,
-                               layers=layers, draft=args.draft, dump=[d for d in args.dump.split(",") if d])
-    sys.stdout.write(json.dumps({"out": str(args.out), "layers": got.layers,
-                                 "features_shape": list(got.features.shape)}) + "\n")
-    return 0
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llamacpp_mla_port.proof.target_features",
-                                     description="dump the target-layer inputs the patched target hands a draft")
-    configure(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except PortError as err:
-        sys.stderr.write(f"error: {err}\n")
-        return err.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,34 @@
+"""`build`: CMake Release build of the patched work tree (the work is in build.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from llamacpp_mla_port.build import DEFAULT_TARGETS, ensure_build
+from llamacpp_mla_port.workspace import default_work_dir
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="tool-owned work dir holding llama.cpp/ and build/ (default: ./work or $MLA_PORT_WORK_DIR)")
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="llama.cpp source tree (default: <work-dir>/llama.cpp)")
+    parser.add_argument("--build-dir", type=Path, default=None,
+                        help="CMake build dir (default: <work-dir>/build)")
+    parser.add_argument("--target", dest="targets", action="append", default=None, metavar="TARGET",
+                        help=f"build this target (repeatable; default: {' '.join(DEFAULT_TARGETS)})")
+    parser.add_argument("--cmake-arg", dest="cmake_args", action="append", default=[], metavar="ARG",
+                        help="extra CMake configure option, e.g. --cmake-arg -DGGML_CUDA=ON (repeatable)")
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    parser.add_argument("--quiet", action="store_true", help="do not stream the build output")
+
+
+def run(args: argparse.Namespace) -> int:
+    work_dir = args.work_dir or default_work_dir()
+    tree = args.tree or work_dir / "llama.cpp"
+    build_dir = args.build_dir or work_dir / "build"
+    targets = args.targets or list(DEFAULT_TARGETS)
+    out = ensure_build(tree, build_dir, targets, args.cmake_args, jobs=args.jobs, echo=not args.quiet)
+    print(f"built {' '.join(targets)} in {out / 'bin'}")
+    return 0

@@ -1,0 +1,65 @@
+"""`draft-logits`: run the patched llama.cpp draft on given target features and block ids.
+
+    llamacpp-mla-port draft-logits --draft draft.gguf --target target.gguf \\
+        --features feats.npy --tokens 163837,163837,... --out outdir/ [--reference ckpt_dir]
+
+Writes outdir/{biased_logits,chain,hidden,base_logits[,confidence]}.npy and meta.json
+(see proof/cpp/draft-logits.cpp). With --reference the float64 reference of the same HF
+checkpoint runs on the same inputs and the NMSE per output is printed, which is the check
+llama.cpp asks of a model port.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from llamacpp_mla_port.proof.draft_logits import CACHE_TYPES, run_draft_logits
+from llamacpp_mla_port.proof.programs import compile_program
+from llamacpp_mla_port.workspace import locate_build
+
+
+def configure(parser) -> None:
+    parser.add_argument("--draft", required=True, type=Path, help="draft GGUF (dflash arch)")
+    parser.add_argument("--target", required=True, type=Path, help="target GGUF (token embeddings and lm_head)")
+    parser.add_argument("--features", required=True, type=Path,
+                        help=".npy [n_ctx, taps * target_n_embd]: target features at the context positions")
+    parser.add_argument("--tokens", required=True,
+                        help="block token ids, comma-separated: anchor then MASK ids")
+    parser.add_argument("--out", required=True, type=Path, help="output folder for the .npy files")
+    parser.add_argument("--ctx-pos0", type=int, default=0, help="position of the first context row")
+    parser.add_argument("--block-pos0", type=int, default=None,
+                        help="position of the anchor (default: right after the context)")
+    parser.add_argument("--flash-attn", choices=("on", "off"), default="off")
+    parser.add_argument("--cache-type", choices=CACHE_TYPES, default="f16", help="draft KV cache type")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
+    parser.add_argument("--build", type=Path, default=None, help="its CMake build dir (default: the work build)")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="HF checkpoint dir of the draft: also run the float64 reference and print NMSE")
+
+
+def run(args) -> int:
+    tree, build = locate_build(args.tree, args.build)
+    binary = compile_program("draft-logits", tree, build)
+    tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    got = run_draft_logits(binary, args.draft, args.target, args.features, tokens, args.out,
+                           ctx_pos0=args.ctx_pos0, block_pos0=args.block_pos0,
+                           flash_attn=args.flash_attn == "on", cache_type=args.cache_type, threads=args.threads)
+    report = {"out": str(args.out), "chain": got.chain.tolist(),
+              "confidence": None if got.confidence is None else got.confidence.tolist(),
+              "kv_bytes_per_token": got.kv_bytes_per_token}
+    if args.reference:
+        from llamacpp_mla_port.proof.parity import compare
+        from llamacpp_mla_port.proof.reference import DraftReference
+        ref = DraftReference.load(args.reference, args.target)
+        feats = np.load(args.features)
+        n_ctx = feats.shape[0]
+        want = ref.forward(feats, tokens, ctx_positions=args.ctx_pos0 + np.arange(n_ctx),
+                           block_pos0=args.block_pos0)
+        report["parity"] = compare(got, want)
+    sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    return 0

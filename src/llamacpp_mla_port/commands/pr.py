@@ -1,0 +1,54 @@
+"""`pr` (make pr): per-commit build and lint checks, the proof, an evidence folder.
+
+Nothing is pushed and no PR description is written; the work is upstream_kit.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from llamacpp_mla_port.upstream_kit import PR_TARGETS, PrOptions, make_pr
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--work-dir", type=Path, metavar="DIR",
+                        help="tool-owned work dir with the applied series (default: ./work)")
+    parser.add_argument("--patches-dir", type=Path, metavar="DIR")
+    parser.add_argument("--templates-dir", type=Path, metavar="DIR")
+    parser.add_argument("--evidence", type=Path, metavar="DIR",
+                        help="where the evidence folder goes (default: <work-dir>/evidence)")
+    parser.add_argument("--build-dir", type=Path, metavar="DIR",
+                        help="build dir of the per-commit builds (default: <work-dir>/pr/build)")
+    parser.add_argument("--target", dest="targets", action="append", metavar="TARGET",
+                        help=f"target every commit must build (default: {' '.join(PR_TARGETS)})")
+    parser.add_argument("-j", "--jobs", type=int, default=None)
+    parser.add_argument("--skip-build", action="store_true",
+                        help="lint only: do not build each commit (the evidence says so)")
+    parser.add_argument("--skip-smoke", action="store_true",
+                        help="do not run the proof (the evidence says so)")
+    parser.add_argument("--smoke-arg", dest="smoke_args", action="append", default=[],
+                        metavar="ARG", help="passed to `smoke` (e.g. --smoke-arg=--quick)")
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = PrOptions(work_dir=args.work_dir, patches_dir=args.patches_dir,
+                     templates_dir=args.templates_dir, evidence=args.evidence,
+                     build_dir=args.build_dir, targets=tuple(args.targets or PR_TARGETS),
+                     jobs=args.jobs, skip_build=args.skip_build, skip_smoke=args.skip_smoke,
+                     smoke_args=tuple(args.smoke_args))
+    result = make_pr(opts)
+    for c in result["commits"]:
+        print(f"{c['sha'][:12]} {'ok    ' if c['ok'] else 'FAILED'} {c['title']}")
+        if c["build_ok"] is False:
+            print("    build: " + c["build_error"].splitlines()[0])
+        for w in c["warnings"]:
+            print(f"    warning (touched file): {w}")
+        for f in c["findings"]:
+            print(f"    {f['check']}: {f['file']}:{f['line'] or ''}: {f['code']} {f['message']}")
+    for k, v in result["checks"].items():
+        if k != "build_note":
+            print(f"{k:14} {'skipped' if v is None else 'ok' if v else 'FAILED'}")
+    print(f"evidence: {result['evidence']} (CHECKLIST.md is for you to complete; nothing was "
+          "pushed and no PR description was written)")
+    return 0 if result["ok"] else 1

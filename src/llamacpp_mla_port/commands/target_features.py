@@ -1,0 +1,41 @@
+"""`target-features`: dump the hidden states the patched Kimi-K3 target hands a draft.
+
+    llamacpp-mla-port target-features --target T.gguf (--draft D.gguf | --layers 1,3) \\
+        --tokens 1,2,3 --out DIR [--dump NAME,...] [--tree ... --build ...]
+
+The work is proof/target_features.py (the program and the independent prefix stream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from llamacpp_mla_port.proof.programs import compile_program
+from llamacpp_mla_port.proof.target_features import dump_target_features
+from llamacpp_mla_port.workspace import locate_build
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, type=Path, help="target GGUF (patched Kimi-K3)")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--draft", type=Path, help="take the layers from this draft's dflash.target_layers")
+    group.add_argument("--layers", help="comma-separated llama.cpp layer indices (their INPUT is dumped)")
+    parser.add_argument("--tokens", required=True, help="comma-separated prompt token ids")
+    parser.add_argument("--out", required=True, type=Path, help="output folder (features.npy, logits.npy, ...)")
+    parser.add_argument("--dump", default="", help="comma-separated graph tensor names to dump as well")
+    parser.add_argument("--tree", type=Path, help="patched llama.cpp tree (default: the work tree)")
+    parser.add_argument("--build", type=Path, help="its build dir (default: the work build)")
+
+
+def run(args) -> int:
+    tree, build = locate_build(args.tree, args.build)
+    binary = compile_program("target-features", tree, build)
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    got = dump_target_features(binary, args.target, [int(t) for t in args.tokens.split(",")], args.out,
+                               layers=layers, draft=args.draft, dump=[d for d in args.dump.split(",") if d])
+    sys.stdout.write(json.dumps({"out": str(args.out), "layers": got.layers,
+                                 "features_shape": list(got.features.shape)}) + "\n")
+    return 0

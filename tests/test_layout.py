@@ -1,0 +1,193 @@
+"""The shape of the code: one home per verb (commands/), no import cycles, and the tool acts
+on the checkout you stand in, never on the one it was installed from (issue 13)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llamacpp_mla_port import project
+from llamacpp_mla_port.cli import COMMANDS, module_of
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "src" / "llamacpp_mla_port"
+#: the console script of the environment running the tests: one installed CLI
+CLI = Path(sys.executable).parent / "llamacpp-mla-port"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports, at any depth of the file (function-level too)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and t != name and t != "llamacpp_mla_port":
+                    edges.add(t)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_package_has_no_import_cycles():
+    graph = import_graph()
+    assert "llamacpp_mla_port.proof.parity" in graph["llamacpp_mla_port.commands.draft_logits"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_every_verb_lives_in_commands():
+    for verb in COMMANDS:
+        path = PACKAGE / "commands" / (module_of(verb).rpartition(".")[2] + ".py")
+        assert path.is_file(), f"{verb}: no {path}"
+        top = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert {"configure", "run"} <= top, verb
+    # and no other module parses arguments on its own
+    for name, path in _modules().items():
+        if name.startswith("llamacpp_mla_port.commands") or name == "llamacpp_mla_port.cli":
+            continue
+        tree = ast.parse(path.read_text())
+        top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert not {"configure", "run"} <= top, f"{name} is a verb module outside commands/"
+        assert "argparse" not in {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}, name
+
+
+# ------------------------------------------------------------------ the checkout you stand in
+def _checkout(dst: Path, title: str | None = None) -> Path:
+    """A project checkout: templates/ and patches/ (what the tool reads and writes)."""
+    shutil.copytree(REPO / "templates", dst / "templates")
+    shutil.copytree(REPO / "patches", dst / "patches")
+    if title:
+        msg = dst / "templates" / "series" / "40-docs-speculative-mla-dspark" / "message.txt.j2"
+        lines = msg.read_text().splitlines(keepends=True)
+        msg.write_text(f"docs : {title}\n" + "".join(lines[1:]))
+    return dst
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "work" not in p.relative_to(root).parts}
+
+
+def _tool(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CLI), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    env = {k: v for k, v in os.environ.items()
+           if k not in (project.ENV_VAR, "MLA_PORT_WORK_DIR", "MLA_PORT_TREE", "MLA_PORT_BUILD")}
+    return env
+
+
+def test_one_installed_cli_acts_on_the_checkout_it_stands_in(tmp_path, sdist_tarball, clean_env):
+    assert CLI.is_file(), f"{CLI}: the console script is not installed (pip install -e .)"
+    first = _checkout(tmp_path / "first")
+    second = _checkout(tmp_path / "second", title="a title only the second checkout has")
+    src = ["--source", "sdist", "--sdist-file", str(sdist_tarball)]
+    before_first = _snapshot(first)
+
+    # standing in a subfolder of the second checkout: the second is rendered, exported, applied
+    (second / "templates" / "series").mkdir(exist_ok=True)
+    out = _tool(["patch", *src], cwd=second / "templates" / "series", env=clean_env)
+    assert out.returncode == 0, out.stderr
+    assert _snapshot(first) == before_first and not (first / "work").exists()
+    assert (second / "work" / "llama.cpp").is_dir()
+    assert any("a title only the second checkout has" in p.read_text()
+               for p in (second / "patches").glob("*.patch"))
+
+    # the first checkout, from where the user stands: only it changes
+    before_second = _snapshot(second)
+    (first / "patches" / "0006-docs-speculative-MLA-DSpark-drafts-for-Kimi-K3-fix-t.patch").unlink()
+    out = _tool(["patch", *src], cwd=first, env=clean_env)
+    assert out.returncode == 0, out.stderr
+    assert _snapshot(second) == before_second
+    assert _snapshot(first) == before_first                 # re-exported exactly as it was
+
+    # --project from anywhere else, and the tool's own check agrees per checkout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for root in (first, second):
+        out = _tool(["--project", str(root), "check", *src], cwd=elsewhere, env=clean_env)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr
+
+
+def test_outside_a_checkout_a_verb_that_needs_one_stops_clearly(tmp_path, clean_env):
+    out = _tool(["check"], cwd=tmp_path, env=clean_env)
+    assert out.returncode == 2
+    assert "not inside a llamacpp-mla-port checkout" in out.stderr and "--project" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = _tool(["--project", str(tmp_path), "patch"], cwd=tmp_path, env=clean_env)
+    assert out.returncode == 2 and "is not a llamacpp-mla-port checkout" in out.stderr
+    # a verb that only reads the files it is given needs no checkout
+    out = _tool(["doctor", str(tmp_path / "missing.gguf")], cwd=tmp_path, env=clean_env)
+    assert out.returncode == 2 and "No such file" in out.stderr
+    assert "llamacpp-mla-port checkout" not in out.stderr
+
+
+def test_find_walks_up_like_git(tmp_path):
+    root = _checkout(tmp_path / "c")
+    deep = root / "a" / "b"
+    deep.mkdir(parents=True)
+    assert project.find(deep) == root.resolve()
+    assert project.find(tmp_path) is None
