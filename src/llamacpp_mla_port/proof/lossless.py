@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.proof.processes import LOCALHOST, Owned, free_port, run_bounded
 
 N_PREDICT = 24
 PROMPTS: tuple[str, ...] = tuple(
@@ -59,7 +59,7 @@ class SpecRun:
 
 
 def _run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = run_bounded(cmd, timeout)
     if proc.returncode != 0:
         raise ProofError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}):\n{proc.stderr[-2500:]}",
                          hint=" ".join(cmd))
@@ -101,42 +101,30 @@ def same_greedy_output(spec_text: str, alone_text: str) -> bool:
 # ---------------------------------------------------------------------------------------
 # llama-server with two parallel slots
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
+    """llama-server on a free loopback port, owned (processes.Owned): `close()` stops it."""
+
     def __init__(self, build: Path, target: Path, draft: Path | None, draft_max: int, flash_attn: bool,
-                 p_min: float, log_path: Path, parallel: int = 2, threads: int = 2):
-        self.port = _free_port()
+                 p_min: float, log_path: Path, parallel: int = 2, threads: int = 2, extra: list[str] = ()):
+        self.port = free_port()
         cmd = [str(Path(build) / "bin" / "llama-server"), "-m", str(target), "--port", str(self.port),
-               "--host", "127.0.0.1", "-np", str(parallel), "-c", str(512 * parallel), "-t", str(threads),
+               "--host", LOCALHOST, "-np", str(parallel), "-c", str(512 * parallel), "-t", str(threads),
                "-fa", "on" if flash_attn else "off", "--no-webui"]
         if draft is not None:
             cmd += ["-md", str(draft), "--spec-type", "draft-dspark", "--spec-draft-n-max", str(draft_max),
                     "--spec-draft-p-min", str(p_min)]
-        self.cmd = cmd
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ProofError(f"llama-server exited {self.proc.returncode}; log: {log_path}", hint=" ".join(cmd))
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except Exception:
-                time.sleep(0.3)
-        self.close()
-        raise ProofError(f"llama-server did not become healthy; log: {log_path}", hint=" ".join(cmd))
+        self.cmd = cmd + list(extra)
+        self.owned = Owned(self.cmd, log_path, name="llama-server")
+        try:
+            self.owned.wait_http(f"http://{LOCALHOST}:{self.port}/health", seconds=120)
+        except BaseException:
+            self.owned.stop()
+            raise
 
     def complete(self, prompt: str, n_predict: int) -> dict:
         body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
                            "seed": 1, "cache_prompt": False}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
+        req = urllib.request.Request(f"http://{LOCALHOST}:{self.port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as r:
             return json.loads(r.read())
@@ -170,13 +158,13 @@ class Server:
         return results  # type: ignore[return-value]
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
+        self.owned.stop()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""Processes the proof starts and owns: servers, rpc-servers, one-shot runs.
+
+Every process gets its own session (process group), so stopping it stops whatever it
+spawned too; every wait is bounded; `stop()` is idempotent and always ends with SIGKILL
+of the group when SIGTERM was not enough. Use an `Owned` as a context manager (or call
+`stop()` in a `finally`) so nothing outlives the run that started it, passing or failing.
+
+    free_port()                  a free TCP port on 127.0.0.1 (found at run time)
+    Owned(cmd, log_path)         start cmd in its own process group, output to a log file
+      .wait_port(seconds)        bounded wait until it listens on its port (or exits)
+      .wait_http(url, seconds)   bounded wait until GET url answers 200 (or it exits)
+      .stop()                    SIGTERM, bounded wait, SIGKILL of the whole group
+    run_bounded(cmd, timeout)    subprocess.run in its own group, the group killed on timeout
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+from llamacpp_mla_port.errors import ProofError
+
+LOCALHOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (the OS picks it; bound to loopback only)."""
+    with socket.socket() as s:
+        s.bind((LOCALHOST, 0))
+        return s.getsockname()[1]
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Owned:
+    """One started process (and its group), stopped by `stop()` or at the end of a `with`."""
+
+    def __init__(self, cmd: Sequence[str], log_path: Path, env: dict | None = None, name: str | None = None):
+        self.cmd = [str(c) for c in cmd]
+        self.name = name or Path(self.cmd[0]).name
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        try:
+            self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        except OSError as err:
+            self._log.close()
+            raise ProofError(f"cannot start {self.name}: {err}", hint=" ".join(self.cmd)) from None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n_bytes: int = 3000) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-n_bytes:].decode("utf-8", "replace")
+
+    def _died(self, what: str) -> ProofError:
+        return ProofError(f"{self.name} exited with {self.proc.returncode} {what}; log {self.log_path}:\n"
+                          f"{self.log_tail()}", hint=" ".join(self.cmd))
+
+    # ------------------------------------------------------------------ waits
+    def wait_port(self, port: int, seconds: float = 60, host: str = LOCALHOST) -> None:
+        """Until something accepts TCP connections on host:port; ProofError on exit or time-out."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise self._died(f"before listening on {host}:{port}")
+            try:
+                with socket.create_connection((host, port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise ProofError(f"{self.name} did not listen on {host}:{port} within {seconds:g} s; "
+                         f"log {self.log_path}:\n{self.log_tail()}", hint=" ".join(self.cmd))
+
+    def wait_http(self, url: str, seconds: float = 120) -> None:
+        """Until GET url answers 200; ProofError on exit or time-out."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise self._died(f"before {url} answered")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                time.sleep(0.2)
+        self.stop()
+        raise ProofError(f"{self.name}: {url} did not answer 200 within {seconds:g} s; log {self.log_path}:\n"
+                         f"{self.log_tail()}", hint=" ".join(self.cmd))
+
+    def wait(self, seconds: float) -> int:
+        """Its exit code, waiting at most `seconds` (then it is killed and ProofError raised)."""
+        try:
+            return self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise ProofError(f"{self.name} did not exit within {seconds:g} s (killed)",
+                             hint=" ".join(self.cmd)) from None
+
+    # ------------------------------------------------------------------ stop
+    def stop(self, grace: float = 10) -> int | None:
+        """SIGTERM the group, wait up to `grace` s, then SIGKILL it; the exit code. Idempotent."""
+        if self.alive():
+            _kill_group(self.proc, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # the leader may be gone while children of its group still run
+        _kill_group(self.proc, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:   # pragma: no cover - an unkillable process
+            pass
+        if not self._log.closed:
+            self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "Owned":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_bounded(cmd: Sequence[str], timeout: float, env: dict | None = None,
+                cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run with text output, in its own process group; on time-out the whole group
+    is killed and ProofError raised (a hang never outlives its bound)."""
+    cmd = [str(c) for c in cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True, errors="replace", env=env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise ProofError(f"{Path(cmd[0]).name} did not finish within {timeout:g} s (killed); "
+                         f"stderr tail:\n{err[-2000:]}", hint=" ".join(cmd)) from None
+    finally:
+        _kill_group(proc, signal.SIGKILL)      # anything it left behind in its group
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

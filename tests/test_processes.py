@@ -1,0 +1,73 @@
+"""proof/processes.py: owned processes stop with their whole group, every wait is bounded."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.proof.processes import Owned, free_port, run_bounded
+
+# a parent that listens on a port and leaves a child behind in its process group
+SERVER = """
+import socket, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(child.pid, flush=True)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie still answers kill(0): read its state
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_owned_waits_for_its_port_and_stops_its_whole_group(tmp_path):
+    port = free_port()
+    with Owned([sys.executable, "-c", SERVER, str(port)], tmp_path / "log") as srv:
+        srv.wait_port(port, seconds=30)
+        child = int(srv.log_tail().split()[0])
+        assert not _gone(child)
+    assert not srv.alive()
+    deadline = time.monotonic() + 10
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child)
+
+
+def test_a_process_that_dies_before_listening_is_reported(tmp_path):
+    srv = Owned([sys.executable, "-c", "import sys; print('bad flag'); sys.exit(3)"], tmp_path / "log")
+    with pytest.raises(ProofError, match="exited with 3"):
+        srv.wait_port(free_port(), seconds=30)
+    srv.stop()
+
+
+def test_waits_are_bounded(tmp_path):
+    with Owned([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / "log") as srv:
+        t0 = time.monotonic()
+        with pytest.raises(ProofError, match="did not listen"):
+            srv.wait_port(free_port(), seconds=1)
+        assert time.monotonic() - t0 < 30
+        assert not srv.alive()          # a time-out stops it
+
+
+def test_run_bounded_kills_on_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(ProofError, match="did not finish within"):
+        run_bounded([sys.executable, "-c", "import time; time.sleep(600)"], timeout=1)
+    assert time.monotonic() - t0 < 30
+    done = run_bounded([sys.executable, "-c", "print('hi')"], timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == "hi"
