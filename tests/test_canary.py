@@ -18,14 +18,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import threading
 from pathlib import Path
 
 import pytest
 
-from llamacpp_mla_port import build as build_mod, gitutil, trees, upstream
+from llamacpp_mla_port import build as build_mod, canary, gitutil, trees, upstream
 from llamacpp_mla_port.errors import ObtainError, PinError
 from upstream_drift import GGUF, GRAPH, K_SET_INPUT, MASK, Project, make_world
 
@@ -159,6 +158,24 @@ def test_a_tree_that_builds_and_proves_ends_ok(world, tmp_path, capsys):
     assert figures["lossless_runs"]["identical"] == figures["lossless_runs"]["runs"] > 0
     assert "proof    ok" in lines.replace("  ", " ") or re.search(r"proof +ok", lines)
     _untouched(p, before)
+
+
+def test_a_failing_proof_names_its_check_first():
+    """The proof stage's evidence, from smoke reports shaped as run_smoke writes them (the
+    real proof runs in test_smoke; here only what the canary makes of its report)."""
+    def smoke(parity_pass=True, mismatches=(), stages_ok=True):
+        mode = {"worst_nmse": 3e-3 if not parity_pass else 1e-12, "threshold": 1e-9,
+                "chains_equal": parity_pass, "max_ctx_rows": 40, "pass": parity_pass}
+        return {"ok": False, "parity": {"h4": {"modes": {"f32": mode}}},
+                "lossless": {"n_mismatches": len(mismatches), "mismatches": list(mismatches)},
+                "stages": {"parity": {"ok": parity_pass}, "target": {"ok": stages_ok, "error": "taps differ"},
+                           "lossless": {"ok": not mismatches, "error": f"{len(mismatches)} outputs differ"}}}
+    first = canary.failing_checks(smoke(parity_pass=False))[0]
+    assert (first["check"], first["config"], first["mode"]) == ("parity", "h4", "f32")
+    assert "NMSE 0.003 over the threshold 1e-09" in first["message"]
+    lossless = canary.failing_checks(smoke(mismatches=["server bigram k=3: 'a' != 'b'"]))
+    assert lossless[0]["check"] == "lossless" and "'a' != 'b'" in lossless[0]["message"]
+    assert [c["check"] for c in canary.failing_checks(smoke(stages_ok=False))] == ["target"]
 
 
 # ------------------------------------------------------------------------------ the build log

@@ -156,7 +156,7 @@ def _anchor(opts: CanaryOptions, state: dict, log) -> dict:
                        "file": evidence.get("file"), "anchor": evidence.get("anchor"),
                        "candidates": evidence.get("candidates", []), "change": evidence.get("change"),
                        "patch": evidence.get("patch"), "failures": bad})
-    return {**summary, "patches": outcome.patches}
+    return {**summary, "patches": outcome.patches, "range_diff": outcome.range_diff}
 
 
 def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
@@ -224,21 +224,35 @@ def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:
     figures = proof_summary(report)
     figures["lossless_runs"] = _lossless_counts(report.get("lossless") or {})
     figures["target_side"] = report.get("target_side")
+    where = {"figures": figures, "work": str(work), "smoke_report": str(work / "smoke.json")}
     if not report["ok"]:
-        checks = [{"check": name, "error": s.get("error", "")}
-                  for name, s in report["stages"].items() if not s.get("ok")]
-        for cfg, entry in (report.get("parity") or {}).items():
-            for mode, m in entry["modes"].items():
-                if not m["pass"]:
-                    checks.append({"check": f"parity {cfg} {mode}", "worst_nmse": m["worst_nmse"],
-                                   "threshold": m["threshold"], "chains_equal": m["chains_equal"]})
-        mismatches = (report.get("lossless") or {}).get("mismatches", [])
-        if mismatches:
-            checks.append({"check": "lossless", "mismatches": mismatches[:5]})
-        raise _Failed({"message": f"{checks[0]['check']}: {checks[0].get('error') or 'failed'}",
-                       "checks": checks, "figures": figures, "work": str(work),
-                       "smoke_report": str(work / "smoke.json")})
-    return {"figures": figures, "work": str(work), "smoke_report": str(work / "smoke.json")}
+        checks = failing_checks(report)
+        raise _Failed({"message": checks[0]["message"], "checks": checks, **where})
+    return where
+
+
+def failing_checks(smoke: dict) -> list[dict]:
+    """The checks a smoke report failed, most specific first: a parity case over its
+    threshold (config, mode, NMSE, threshold), the lossless mismatches, then the stages."""
+    checks = []
+    for cfg, entry in (smoke.get("parity") or {}).items():
+        for mode, m in entry["modes"].items():
+            if not m["pass"]:
+                checks.append({"check": "parity", "config": cfg, "mode": mode,
+                               "worst_nmse": m["worst_nmse"], "threshold": m["threshold"],
+                               "chains_equal": m["chains_equal"],
+                               "message": f"parity {cfg} {mode}: NMSE {m['worst_nmse']:.3g} over "
+                                          f"the threshold {m['threshold']:.0e}"})
+    lossless = smoke.get("lossless") or {}
+    if lossless.get("n_mismatches"):
+        checks.append({"check": "lossless", "mismatches": lossless.get("mismatches", [])[:5],
+                       "message": f"lossless: {lossless['n_mismatches']} outputs differ from the "
+                                  f"target alone, first: {lossless.get('mismatches', ['?'])[0]}"})
+    for name, stage in smoke.get("stages", {}).items():
+        if not stage.get("ok"):
+            checks.append({"check": name, "error": stage.get("error", ""),
+                           "message": f"{name}: {stage.get('error', 'failed')}"})
+    return checks or [{"check": "smoke", "message": "the proof failed without naming a check"}]
 
 
 # ------------------------------------------------------------------------------ helpers
