@@ -120,7 +120,8 @@ def _run_logged(cmd: list[str], log_path: Path, stage: str, echo: bool,
                 env: dict[str, str] | None = None) -> None:
     """Run cmd, streaming its output to the terminal (when echo) and to the log."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+    # line-buffered: `tail -f` of the log follows a quiet (echo=False) build as it goes
+    with open(log_path, "a", encoding="utf-8", errors="replace", buffering=1) as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
         try:
