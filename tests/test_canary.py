@@ -178,6 +178,22 @@ def test_a_failing_proof_names_its_check_first():
     assert [c["check"] for c in canary.failing_checks(smoke(stages_ok=False))] == ["target"]
 
 
+def test_proof_figures_are_compared_as_printed():
+    def smoke(nmse, identical):
+        return {"parity": {"h4": {"modes": {"f32": {"worst_nmse": nmse}}, "draft_kv_bytes_per_token_f32": 2304}},
+                "lossless": {"speculative_simple": [{"draft": "bigram", "draft_max": 3, "flash_attn": False,
+                                                     "p_min": 0.0, "identical": identical, "of": 20,
+                                                     "drafted": 90, "accepted": 31}], "server": []},
+                "target_side": {"MK-block12": {"worst_nmse_vs_prefix_stream": 0.0}}}
+    same = canary.compare_figures(smoke(1.234e-13, 20), smoke(1.2341e-13, 20))
+    assert same == {"equal": True, "compared": 4, "differences": []}
+    other = canary.compare_figures(smoke(1.234e-13, 20), smoke(1.3e-13, 19))
+    assert not other["equal"] and [d["figure"] for d in other["differences"]] == [
+        "lossless simple bigram k=3 fa=False p_min=0.0", "parity h4 f32 worst NMSE"]
+    assert other["differences"][1] == {"figure": "parity h4 f32 worst NMSE", "baseline": "1.23e-13",
+                                       "canary": "1.3e-13"}
+
+
 # ------------------------------------------------------------------------------ the build log
 GCC_LOG = """\
 [12/80] Building CXX object src/CMakeFiles/llama.dir/Unity/unity_3_cxx.cxx.o

@@ -62,6 +62,7 @@ class CanaryOptions:
     quick: bool = False             # smoke --quick
     server: bool = True             # smoke without --no-server
     threads: int = 2
+    baseline: Path | None = None    # a smoke report (e.g. of the pin) to compare the figures with
 
     def __post_init__(self) -> None:
         self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
@@ -225,10 +226,39 @@ def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:
     figures["lossless_runs"] = _lossless_counts(report.get("lossless") or {})
     figures["target_side"] = report.get("target_side")
     where = {"figures": figures, "work": str(work), "smoke_report": str(work / "smoke.json")}
+    if opts.baseline is not None:
+        where["vs_baseline"] = compare_figures(json.loads(Path(opts.baseline).read_text()), report)
     if not report["ok"]:
         checks = failing_checks(report)
         raise _Failed({"message": checks[0]["message"], "checks": checks, **where})
     return where
+
+
+def _printed(smoke: dict) -> dict[str, str]:
+    """The figures of a smoke report as printed (3 significant digits), by name."""
+    out = {}
+    for cfg, entry in (smoke.get("parity") or {}).items():
+        for mode, m in entry["modes"].items():
+            out[f"parity {cfg} {mode} worst NMSE"] = f"{m['worst_nmse']:.3g}"
+        for key in ("draft_kv_bytes_per_token_f32", "draft_kv_bytes_per_token_f16"):
+            if key in entry:
+                out[f"{cfg} {key}"] = str(entry[key])
+    for run in (smoke.get("lossless") or {}).get("speculative_simple", []) + \
+            (smoke.get("lossless") or {}).get("server", []):
+        name = (f"lossless {'server' if 'parallel' in run else 'simple'} {run['draft']} k={run['draft_max']} "
+                f"fa={run['flash_attn']} p_min={run['p_min']}")
+        out[name] = f"{run['identical']}/{run['of']} identical, drafted {run['drafted']}, accepted {run['accepted']}"
+    for name, v in (smoke.get("target_side") or {}).items():
+        out[f"target {name} worst NMSE vs prefix stream"] = f"{v['worst_nmse_vs_prefix_stream']:.3g}"
+    return out
+
+
+def compare_figures(baseline: dict, smoke: dict) -> dict:
+    """Which printed figures of `smoke` differ from `baseline` (e.g. the pin's own proof)."""
+    old, new = _printed(baseline), _printed(smoke)
+    diff = [{"figure": k, "baseline": old.get(k), "canary": new.get(k)}
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return {"equal": not diff, "compared": len(set(old) & set(new)), "differences": diff}
 
 
 def failing_checks(smoke: dict) -> list[dict]:
@@ -307,4 +337,8 @@ def stage_line(name: str, entry: dict) -> str:
         runs = f["lossless_runs"]
         what = ("parity worst NMSE " + ", ".join(f"{m} {v:.3g}" for m, v in worst.items())
                 + f"; lossless {runs['identical']}/{runs['runs']} runs identical; target taps == prefix stream")
+        vs = entry.get("vs_baseline")
+        if vs is not None:
+            what += ("; all printed figures equal the baseline's" if vs["equal"] else
+                     f"; {len(vs['differences'])} printed figures differ from the baseline's")
     return f"  {name:<7} ok      {secs}  {what}"

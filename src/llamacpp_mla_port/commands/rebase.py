@@ -59,6 +59,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="the proof's quick mode (draft length 3 only in the lossless matrix)")
     g.add_argument("--no-server", action="store_true", help="the proof without llama-server runs")
     g.add_argument("--threads", type=int, default=2, help="threads of every llama.cpp process of the proof")
+    g.add_argument("--baseline", type=Path, metavar="SMOKE_JSON",
+                   help="a `smoke` report (e.g. of the pin: `llamacpp-mla-port smoke > pin.json`) "
+                        "whose printed figures the proof's are compared with")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,7 +94,7 @@ def _run_full_canary(args: argparse.Namespace) -> int:
                          templates_dir=args.templates_dir, patches_dir=args.patches_dir,
                          canary_dir=args.canary_dir, cmake_args=tuple(args.cmake_arg),
                          jobs=args.jobs, quick=args.quick, server=not args.no_server,
-                         threads=args.threads)
+                         threads=args.threads, baseline=args.baseline)
     out = sys.stderr if args.json else sys.stdout
 
     def line(text: str) -> None:
