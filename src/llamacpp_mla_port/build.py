@@ -44,6 +44,10 @@ BASE_CMAKE_ARGS: tuple[str, ...] = (
     "-DLLAMA_BUILD_TESTS=ON",      # test-llama-archs
     "-DLLAMA_BUILD_EXAMPLES=ON",   # llama-simple, llama-speculative-simple
     "-DLLAMA_BUILD_TOOLS=ON",      # llama-server, llama-cli
+    # CMake >= 4.0: unity files #include their sources by relative path; older CMake writes
+    # absolute ones (and __FILE__ follows), so src/models' unity chunks miss ccache across
+    # work dirs whatever CCACHE_BASEDIR says (older CMake ignores this, with a warning)
+    "-DCMAKE_UNITY_BUILD_RELOCATABLE=ON",
 )
 
 LOG_NAME = "llamacpp-mla-port-build.log"
