@@ -139,10 +139,12 @@ def test_a_hunk_that_does_not_compile_ends_at_build_with_the_compiler_file_and_l
     assert re.search(rf"build +FAILED .*src/models/dflash.cpp:{fail['line']}: .*{helper}", lines), lines
     _untouched(p, before)
     if stats0 is not None:
-        # CCACHE_BASEDIR: the canary's other compiles hit the main build's cache entries
+        # CCACHE_BASEDIR: the canary's compiles (another dir: without it, none would hit) hit
+        # the main build's entries; the unity chunks of src/models miss with CMake < 4.0
+        # (absolute paths inside them), and so does the chunk the drift changed
         hits, misses = stats1["hits"] - stats0["hits"], stats1["misses"] - stats0["misses"]
         print(f"canary build: ccache {hits} hits, {misses} misses")
-        assert hits > 3 * misses, (hits, misses)
+        assert hits >= 20, (hits, misses)
 
 
 # ------------------------------------------------------------------------------ ok
