@@ -13,11 +13,15 @@ STAMP  := $(VENV)/.installed
 #   PATCH_ARGS="--source sdist"  or  PATCH_ARGS="--git-url ~/src/llama.cpp"
 #   BUILD_ARGS="--cmake-arg -DGGML_CUDA=ON"
 #   PYTEST_ARGS="-k engine -x"
+#   CANARY_ONTO=newest|bNNNNN|NAME==VERSION|COMMIT|PATH  CANARY_ARGS="--git-url ~/src/llama.cpp"
 PATCH_ARGS ?=
 BUILD_ARGS ?=
 PYTEST_ARGS ?=
+CANARY_ONTO ?= newest
+CANARY_DIR ?= work-canary
+CANARY_ARGS ?=
 
-.PHONY: help venv patch check build smoke test test-slow pr bench clean-work clean
+.PHONY: help venv patch check build smoke test test-slow pr canary bench clean-work clean
 
 help:
 	@echo "make patch       pinned llama.cpp + the series applied in ./work/llama.cpp; patches/ exported"
@@ -27,8 +31,9 @@ help:
 	@echo "make test        the test suite (drift check, engine, runtime, converter, proof, doctor)"
 	@echo "make test-slow   realistic-size checks (real-config converter run, minutes, ~10 GB disk)"
 	@echo "make pr          upstream kit: per-commit build/lint checks + evidence folder"
+	@echo "make canary      render, apply, build and prove the series on the newest known upstream (./work-canary)"
 	@echo "make bench       time make patch with a warm cache"
-	@echo "make clean-work  delete the tool-owned work dir ./work (llama.cpp tree + build)"
+	@echo "make clean-work  delete the tool-owned work dirs ./work and ./work-canary"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,11 +64,14 @@ test-slow: $(STAMP)
 pr: build
 	$(TOOL) pr
 
+canary: $(STAMP)
+	$(TOOL) rebase --onto $(CANARY_ONTO) --canary --prove --canary-dir $(CANARY_DIR) $(CANARY_ARGS)
+
 bench: patch
 	$(BIN)/python benchmarks/bench_patch.py
 
 clean-work:
-	rm -rf work
+	rm -rf work work-canary
 
 clean: clean-work
 	rm -rf $(VENV) .pytest_cache .hypothesis

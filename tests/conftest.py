@@ -24,7 +24,7 @@ def pin():
 
 @pytest.fixture(scope="session")
 def sdist_tarball(pin) -> Path:
-    """The verified sdist in the user cache (downloaded once with pip)."""
+    """The verified sdist in the user cache (downloaded once from PyPI)."""
     return upstream.sdist_archive(pin)
 
 

@@ -8,6 +8,7 @@ tests' own (a gguf-py list entry and a C++ replace), independent of templates/ i
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -131,12 +132,21 @@ def _complete_cache_history(world: World) -> None:
     (world.root / "cache" / "base.git" / "shallow").unlink(missing_ok=True)
 
 
-class Project:
-    """templates/, patches/ and a tool work tree, patched at `pin_commit`."""
+def copy_real_templates(dst: Path, pin_commit: str) -> Path:
+    """The project's own templates/ (the real series), pinned at `pin_commit`."""
+    shutil.copytree(TEMPLATES_DIR, dst)
+    pin = dst / "pin.toml"
+    pin.write_text(pin.read_text().replace(load_pin().commit, pin_commit))
+    return dst
 
-    def __init__(self, world: World, root: Path, pin_commit: str, work_tree=True):
+
+class Project:
+    """templates/, patches/ and a tool work tree, patched at `pin_commit`; the tests' own
+    two-commit series, or with `real=True` the project's series."""
+
+    def __init__(self, world: World, root: Path, pin_commit: str, work_tree=True, real=False):
         self.world, self.root = world, root
-        self.templates = make_templates(root / "templates", pin_commit)
+        self.templates = (copy_real_templates if real else make_templates)(root / "templates", pin_commit)
         self.patches = root / "patches"
         self.work = root / "work"
         upstream.fetch_git(load_pin(self.templates / "pin.toml"), str(world.up))
@@ -156,6 +166,12 @@ class Project:
                    str(self.patches), "--work-dir", str(self.work), *args])
         out = capsys.readouterr()
         return rc, out.out, out.err
+
+    def canary(self, capsys, canary_dir: Path, *args: str) -> tuple[int, dict, str]:
+        """The full canary through the CLI: (exit code, JSON report, the stage lines)."""
+        rc, out, err = self.rebase(capsys, "--canary", "--prove", "--json", "--canary-dir",
+                                   str(canary_dir), *args)
+        return rc, json.loads(out), err
 
     def snapshot(self) -> dict:
         snap = {"pin": (self.templates / "pin.toml").read_bytes(),

@@ -7,6 +7,10 @@ cold build stays a few minutes on two cores and a rebuild after a re-render reco
 the changed sources. Progress (CMake/Ninja's own lines) streams to the terminal; the full
 log is kept in <build-dir>/llamacpp-mla-port-build.log.
 
+With ccache, CCACHE_BASEDIR is set to the common parent of the tree and the build dir
+(unless you set it): builds of alike-laid-out work dirs share the cache (ccache_env).
+`first_error` pulls the first compiler/CMake/linker error out of a build log.
+
 Tests use `ensure_build(tree, build_dir, targets)`; the verb is commands/build.py.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +44,10 @@ BASE_CMAKE_ARGS: tuple[str, ...] = (
     "-DLLAMA_BUILD_TESTS=ON",      # test-llama-archs
     "-DLLAMA_BUILD_EXAMPLES=ON",   # llama-simple, llama-speculative-simple
     "-DLLAMA_BUILD_TOOLS=ON",      # llama-server, llama-cli
+    # CMake >= 4.0: unity files #include their sources by relative path; older CMake writes
+    # absolute ones (and __FILE__ follows), so src/models' unity chunks miss ccache across
+    # work dirs whatever CCACHE_BASEDIR says (older CMake ignores this, with a warning)
+    "-DCMAKE_UNITY_BUILD_RELOCATABLE=ON",
 )
 
 LOG_NAME = "llamacpp-mla-port-build.log"
@@ -62,15 +71,66 @@ def cmake_configure_args(tree: Path, build_dir: Path, cmake_args: Sequence[str] 
     return args
 
 
-def _run_logged(cmd: list[str], log_path: Path, stage: str, echo: bool) -> None:
+def ccache_env(tree: Path, build_dir: Path) -> dict[str, str] | None:
+    """The environment of a ccache build: CCACHE_BASEDIR at the common parent of the tree and
+    the build dir, so that ccache hashes the paths below it relative to the build dir. Two
+    work dirs laid out alike (X/llama.cpp + X/build, Y/llama.cpp + Y/build: the main build
+    and a canary, or a CI checkout anywhere) then share cache hits; without it, every
+    absolute path differs and every compile misses. None: not ccache, or the user's own
+    CCACHE_BASEDIR (or a parent at the file system root) stands."""
+    if shutil.which("ccache") is None or "CCACHE_BASEDIR" in os.environ:
+        return None
+    base = Path(os.path.commonpath([Path(tree).resolve(), Path(build_dir).resolve()]))
+    if base == Path(base.anchor):
+        return None
+    return {**os.environ, "CCACHE_BASEDIR": str(base)}
+
+
+#: the first compiler or CMake error of a build log: GCC/Clang `file:line:col: error: ...`
+#: (also `fatal error:`), and `CMake Error at file:line (...)`
+_COMPILER_ERROR = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s*"
+                             r"(?:fatal )?error:\s*(?P<message>.*)$")
+_CMAKE_ERROR = re.compile(r"^CMake Error at (?P<file>[^:]+):(?P<line>\d+)\s*(?P<message>.*)$")
+_LINK_ERROR = re.compile(r"(undefined reference to|multiple definition of|ld returned)")
+
+
+def first_error(log_text: str, tree: Path | None = None) -> dict | None:
+    """The first error of a build log: file (relative to `tree` when inside it), line,
+    column, message and the lines after it (the compiler's context); None when none is found."""
+    lines = log_text.splitlines()
+    for i, raw in enumerate(lines):
+        line = raw.strip()
+        m = _COMPILER_ERROR.match(line) or _CMAKE_ERROR.match(line)
+        kind = "compiler" if _COMPILER_ERROR.match(line) else "cmake"
+        if m is None and _LINK_ERROR.search(line):
+            return {"kind": "linker", "file": None, "line": None, "column": None,
+                    "message": line, "context": lines[max(0, i - 2):i + 4]}
+        if m is None:
+            continue
+        file = m["file"]
+        if tree is not None:
+            try:
+                file = str(Path(file).resolve().relative_to(Path(tree).resolve()))
+            except ValueError:
+                pass
+        col = m.groupdict().get("col")
+        return {"kind": kind, "file": file, "line": int(m["line"]),
+                "column": int(col) if col else None, "message": m["message"].strip(),
+                "context": lines[i:i + 8]}
+    return None
+
+
+def _run_logged(cmd: list[str], log_path: Path, stage: str, echo: bool,
+                env: dict[str, str] | None = None) -> None:
     """Run cmd, streaming its output to the terminal (when echo) and to the log."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+    # line-buffered: `tail -f` of the log follows a quiet (echo=False) build as it goes
+    with open(log_path, "a", encoding="utf-8", errors="replace", buffering=1) as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace", bufsize=1)
+                                    text=True, errors="replace", bufsize=1, env=env)
         except FileNotFoundError as err:
             raise BuildError(f"{stage}: {cmd[0]} not found", hint="install CMake (>= 3.14) and a C++17 compiler") from err
         assert proc.stdout is not None
@@ -107,17 +167,18 @@ def ensure_build(tree: Path, build_dir: Path, targets: Iterable[str] = DEFAULT_T
     log_path.write_text("")
 
     configure = cmake_configure_args(tree, build_dir, cmake_args)
+    env = ccache_env(tree, build_dir)
     args_file = build_dir / ARGS_NAME
     wanted = "\n".join(configure) + "\n"
     if not (build_dir / "CMakeCache.txt").is_file() or not args_file.is_file() or args_file.read_text() != wanted:
-        _run_logged(configure, log_path, "CMake configure", echo)
+        _run_logged(configure, log_path, "CMake configure", echo, env)
         args_file.write_text(wanted)
 
     targets = list(targets)
     build = ["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs or default_jobs())]
     for target in targets:
         build += ["--target", target]
-    _run_logged(build, log_path, f"build of {', '.join(targets)}", echo)
+    _run_logged(build, log_path, f"build of {', '.join(targets)}", echo, env)
 
     missing = [t for t in targets if not (build_dir / "bin" / t).exists()]
     if missing:

@@ -101,11 +101,11 @@ def patch(opts: Options, log=print) -> dict:
     else:
         touched = {p for c in r.commits for p in c.files}
         touched |= set(gitutil.run(repo, "diff", "--name-only", f"{base.sha}..HEAD").split())
-        kept = _content_stamps(ws.tree, touched)
+        kept = content_stamps(ws.tree, touched)
         ws.save_state(status="applying", head=None)
         new_head = series_mod.apply(repo, base.sha, r.series.branch,
                                     series_mod.read_series(opts.patches_dir), r.series)
-        _restore_unchanged_mtimes(ws.tree, kept)
+        restore_unchanged_mtimes(ws.tree, kept)
         got_tree = gitutil.run(repo, "rev-parse", f"{new_head}^{{tree}}")
         if got_tree != head_tree:
             gitutil.run(repo, "checkout", "-q", "-f", "-B", r.series.branch, base.sha)
@@ -118,7 +118,7 @@ def patch(opts: Options, log=print) -> dict:
     return {"tree": ws.tree, "patches": names, "changed": changed, "head": r.head}
 
 
-def _content_stamps(tree: Path, paths: set[str]) -> dict[str, tuple[bytes, int]]:
+def content_stamps(tree: Path, paths: set[str]) -> dict[str, tuple[bytes, int]]:
     """(content, mtime) of the files a re-apply rewrites, before it rewrites them."""
     stamps = {}
     for rel in paths:
@@ -128,7 +128,7 @@ def _content_stamps(tree: Path, paths: set[str]) -> dict[str, tuple[bytes, int]]
     return stamps
 
 
-def _restore_unchanged_mtimes(tree: Path, stamps: dict[str, tuple[bytes, int]]) -> None:
+def restore_unchanged_mtimes(tree: Path, stamps: dict[str, tuple[bytes, int]]) -> None:
     """Re-applying the series resets and rewrites every file it touches; give the files whose
     content came out the same their old mtime back, so an incremental build recompiles only
     what a template edit really changed."""

@@ -61,6 +61,15 @@ class SeriesError(PortError):
     """The series could not be applied, exported, or differs from patches/."""
 
 
+class PatchApplyError(SeriesError):
+    """`git am -3` rejected a patch; `details` names the patch, the file, the line and the
+    rejected hunk (series.apply)."""
+
+    def __init__(self, message: str, hint: str | None = None, details: dict | None = None):
+        super().__init__(message, hint)
+        self.details = details or {}
+
+
 class BuildError(PortError):
     """CMake configure or build failed."""
 

@@ -20,8 +20,8 @@ class Sdist:
     filename: str
     sha256: str
     size: int
-    subdir: str
-    tree: str  # git tree id of `subdir` imported as-is
+    subdir: str       # the llama.cpp folder inside the archive ("": found on import)
+    tree: str | None  # git tree id of `subdir` imported as-is (None: not recorded)
 
 
 @dataclass(frozen=True)

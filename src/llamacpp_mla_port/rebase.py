@@ -36,7 +36,7 @@ import git
 import jinja2
 
 from llamacpp_mla_port import engine, gitutil, project, series as series_mod
-from llamacpp_mla_port import upstream
+from llamacpp_mla_port import trees, upstream
 from llamacpp_mla_port.errors import AnchorError, PinError, PortError, WorkTreeError
 from llamacpp_mla_port.pin import Pin, load_pin
 from llamacpp_mla_port.port import Change, Series, load_series
@@ -81,13 +81,17 @@ class ChangeReport:
 class Target:
     """The upstream to rebase onto, imported into the cache repository."""
     base: Base
-    commit: str | None           # upstream commit id (None for a plain tree)
+    commit: str | None           # upstream commit id (None for a plain tree or an sdist)
     tag: str
     url: str | None              # where it was fetched from (None for a plain tree)
     local_repo: Path | None      # a local clone holding its history, for ancestry checks
+    build: int | None = None     # llama.cpp build number (bN), when known
+    origin: dict = field(default_factory=dict)   # where the tree came from, for the report
 
     @property
     def label(self) -> str:
+        if self.origin.get("kind") == "pypi-sdist":
+            return f"{self.tag} ({self.origin['spec']})"
         short = (self.commit or self.base.sha)[:12]
         return short if self.tag == short else f"{self.tag} ({short})"
 
@@ -126,14 +130,21 @@ def _describe(repo: Path | None, commit: str) -> str:
     return commit[:12]
 
 
-def resolve_target(onto: str, git_url: str | None, pin: Pin, tag: str | None = None) -> Target:
-    """Fetch (or import) what --onto names into the cache repo."""
+def resolve_target(onto: str, git_url: str | None, pin: Pin, tag: str | None = None,
+                   templates_dir: Path | None = None, sdist_file: Path | None = None,
+                   log=print) -> Target:
+    """Fetch (or import) what --onto names into the cache repo: a commit (of --git-url or
+    the pin's URL), a clone, a plain folder, or a PyPI sdist tree (trees.py)."""
     if git_url is None and os.path.isdir(onto):
         path = Path(onto).resolve()
         if _is_repo(path) or _is_bare(path):
             git_url, onto = str(path), "HEAD"
         else:
             return _import_tree(path, tag)
+    if git_url is None:
+        newer = trees.resolve(onto, templates_dir)
+        if newer is not None:
+            return _import_newer(newer, tag, sdist_file, log)
     url = git_url or pin.url
     local = _local_git(url)
     if local is not None:
@@ -157,15 +168,49 @@ def resolve_target(onto: str, git_url: str | None, pin: Pin, tag: str | None = N
                            "pass the full 40-hex commit id")
         commit = shas[0]
     base = upstream.fetch_git(pin.with_commit(commit, url), url)
-    return Target(base=base, commit=commit, tag=tag or _describe(local, commit), url=url,
-                  local_repo=local)
+    described = _describe(local, commit)
+    return Target(base=base, commit=commit, tag=tag or described, url=url, local_repo=local,
+                  build=_build_number(local, commit, described),
+                  origin={"kind": "git", "url": url})
+
+
+def _build_number(repo: Path | None, commit: str, described: str) -> int | None:
+    """bN of a tag, else what llama.cpp's cmake/build-info.cmake counts (`git rev-list
+    --count`), in a clone with the full history only."""
+    if re.fullmatch(r"b\d+", described):
+        return int(described[1:])
+    if repo is None or gitutil.run(repo, "rev-parse", "--is-shallow-repository") == "true":
+        return None
+    try:
+        return int(gitutil.run(repo, "rev-list", "--count", commit))
+    except (git.GitCommandError, ValueError):
+        return None
+
+
+def _import_newer(newer: trees.NewerTree, tag: str | None, sdist_file: Path | None,
+                  log) -> Target:
+    got = upstream.import_newer_tree(newer.sdist, newer.tag, newer.build, sdist_file, log)
+    if got.pkg_version is not None and got.pkg_version != newer.sdist.version:
+        raise PinError(f"{newer.sdist.filename} says it is version {got.pkg_version} (PKG-INFO), "
+                       f"not {newer.sdist.version}", "the archive is not the release named; "
+                       "check the [[tree]] row in templates/upstreams.toml")
+    origin = {"kind": "pypi-sdist", "spec": newer.spec, "filename": newer.sdist.filename,
+              "sha256": newer.sdist.sha256, "sha256_from": "templates/upstreams.toml"
+              if newer.recorded else "PyPI's JSON API (not recorded in templates/upstreams.toml)",
+              "subdir": got.subdir, "pkg_info_version": got.pkg_version,
+              "build_from": newer.build_from}
+    if not newer.recorded:
+        origin["record_with"] = trees.row_text(newer, got.base.tree, got.subdir)
+    return Target(base=got.base, commit=None, tag=tag or newer.tag, url=None, local_repo=None,
+                  build=newer.build, origin=origin)
 
 
 def _import_tree(path: Path, tag: str | None) -> Target:
     """A plain directory (no git) as one commit in the cache repo; .gitignore is honoured."""
-    if not (path / "CMakeLists.txt").is_file():
+    missing = upstream.missing_llama_files(path)
+    if missing:
         raise PinError(f"--onto {path} is neither a git clone nor a llama.cpp tree "
-                       "(no CMakeLists.txt)", "pass a llama.cpp source directory or a clone")
+                       f"(no {', '.join(missing)})", "pass a llama.cpp source directory or a clone")
     repo = upstream.cache_repo()
     with tempfile.TemporaryDirectory(prefix="mla-port-tree-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(path),
@@ -178,7 +223,7 @@ def _import_tree(path: Path, tag: str | None) -> Target:
     gitutil.run(repo, "update-ref", ref, sha)
     base = Base(sha=sha, tree=tree, source="tree", ref=ref)
     return Target(base=base, commit=None, tag=tag or f"tree {tree[:12]}", url=None,
-                  local_repo=None)
+                  local_repo=None, origin={"kind": "folder", "path": str(path)})
 
 
 def relation(pin: Pin, target: Target) -> str:
@@ -441,6 +486,7 @@ class Outcome:
     range_diff: str = ""
     patches: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    head: str | None = None      # the rendered series' last commit in the cache repo
 
     @property
     def first_failure(self) -> ChangeReport | None:
@@ -473,8 +519,13 @@ class RebaseOptions:
     source: str = "auto"
     sdist_file: Path | None = None
 
+    patches_out: Path | None = None      # canary: the series rendered at the new base goes here
+
     def __post_init__(self) -> None:
         self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
+
+    def target(self, pin: Pin, log=print) -> Target:
+        return resolve_target(self.onto, self.git_url, pin, self.tag, self.templates_dir, log=log)
 
 
 def _old_base(pin: Pin, opts: RebaseOptions, log) -> Base | None:
@@ -490,17 +541,19 @@ def _render_commits(repo: git.Repo, series: Series, base: Base, pin: Pin) -> lis
     return series_mod.commit_rendered(repo, base.sha, commits, series)
 
 
-def rebase(opts: RebaseOptions, log=print) -> Outcome:
+def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outcome:
+    """`target`: already resolved (the canary times that step on its own)."""
     pin = load_pin(opts.templates_dir / "pin.toml")
     series = load_series(opts.templates_dir)
-    target = resolve_target(opts.onto, opts.git_url, pin, opts.tag)
+    target = target or opts.target(pin, log)
     rel = relation(pin, target)
     new_pin = dataclasses.replace(pin, commit=target.commit or pin.commit, tag=target.tag,
                                   sdist=pin.sdist if pin.sdist and
                                   target.base.tree == pin.sdist.tree else None)
     old_info = {"commit": pin.commit, "tag": pin.tag}
     onto_info = {"commit": target.commit, "tag": target.tag, "url": target.url,
-                 "source": target.base.source, "tree": target.base.tree}
+                 "source": target.base.source, "tree": target.base.tree, "build": target.build,
+                 "origin": target.origin}
     ws = Workspace(Path(opts.work_dir) if opts.work_dir else default_work_dir())
 
     if not opts.canary:
@@ -581,8 +634,10 @@ def rebase(opts: RebaseOptions, log=print) -> Outcome:
         patches = series_mod.export(cache, target.base.sha, new_shas[-1], Path(tmp), export_pin,
                                     series)
         if opts.canary or rel == "same":
+            if opts.canary and opts.patches_out is not None:
+                series_mod.install(Path(tmp), opts.patches_out)
             return outcome(True, "canary-ok" if opts.canary else "up-to-date",
-                           range_diff=range_diff, patches=patches)
+                           range_diff=range_diff, patches=patches, head=new_shas[-1])
         pin_path = opts.templates_dir / "pin.toml"
         write_pin(pin_path, pin_text(pin, new_pin, pin_path.read_text()))
         series_mod.install(Path(tmp), opts.patches_dir)

@@ -14,6 +14,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,7 +23,7 @@ import git
 import unidiff
 
 from llamacpp_mla_port import gitutil
-from llamacpp_mla_port.errors import SeriesError
+from llamacpp_mla_port.errors import PatchApplyError, SeriesError
 from llamacpp_mla_port.pin import Pin
 from llamacpp_mla_port.port import Series
 from llamacpp_mla_port.render import RenderedCommit
@@ -173,24 +174,61 @@ def apply(repo: git.Repo, base_sha: str, branch: str, patches: list[Path],
                     *[str(p) for p in patches], env=env)
     except git.GitCommandError as err:
         text = gitutil.error_text(err)
-        failing = _failing_patch(repo)
+        details = _am_failure(repo, f"{err.stderr or ''}\n{err.stdout or ''}", patches)
+        failing = details.get("subject", "")
         try:
             gitutil.run(repo, "am", "--abort")
         except git.GitCommandError:
             pass
         gitutil.run(repo, "checkout", "-q", "-f", "-B", branch, base_sha)
-        raise SeriesError(f"`git am -3` failed{' at ' + failing if failing else ''}: "
-                          f"{text}",
-                          "the patches do not apply to this base: run `make patch` to "
-                          "re-render them; the work tree was reset to the base") from None
+        raise PatchApplyError(f"`git am -3` failed{' at ' + failing if failing else ''}: "
+                              f"{text}",
+                              "the patches do not apply to this base: run `make patch` to "
+                              "re-render them; the work tree was reset to the base",
+                              details) from None
     return gitutil.run(repo, "rev-parse", "HEAD")
 
 
-def _failing_patch(repo: git.Repo) -> str:
+_PATCH_FAILED = re.compile(r"error: patch failed: (?P<file>[^\s:]+):(?P<line>\d+)")
+_CONFLICT = re.compile(r"CONFLICT \([^)]*\): Merge conflict in (?P<file>[^\s']+)")
+
+
+def _am_failure(repo: git.Repo, text: str, patches: list[Path]) -> dict:
+    """What `git am` stopped on, read before the am is aborted: the patch, its subject, and
+    the rejected hunk (the hunk of the patch as am read it, which starts at the line git
+    names) or the conflict a 3-way merge left in the file."""
     d = Path(repo.git_dir) / "rebase-apply"
+    out: dict = {"output": "\n".join(ln.strip() for ln in text.splitlines() if ln.strip())}
     try:
-        nxt = (d / "next").read_text().strip()
-        return (d / f"{int(nxt):04d}").read_text(errors="replace").split("Subject: ", 1)[1] \
-            .splitlines()[0]
+        nxt = int((d / "next").read_text().strip())
+        out["patch"] = patches[nxt - 1].name if 0 < nxt <= len(patches) else f"#{nxt}"
+        out["subject"] = (d / f"{nxt:04d}").read_text(errors="replace") \
+            .split("Subject: ", 1)[1].splitlines()[0]
     except (OSError, IndexError, ValueError):
-        return ""
+        pass
+    m = _PATCH_FAILED.search(text)
+    if m:
+        out["file"], out["line"] = m["file"], int(m["line"])
+        try:
+            # am's own copy of the diff: what it tried to apply (CRs already stripped)
+            parsed = unidiff.PatchSet((d / "patch").read_text(errors="replace"))
+            for f in parsed:
+                if f.path == m["file"]:
+                    hunk = next((h for h in f if h.source_start == int(m["line"])), None)
+                    if hunk is not None:
+                        out["hunk"] = str(hunk)
+        except (OSError, unidiff.UnidiffParseError):
+            pass
+        return out
+    m = _CONFLICT.search(text)
+    if m:
+        out["file"] = m["file"].strip()
+        try:
+            lines = (Path(repo.working_tree_dir) / out["file"]).read_text(errors="replace").splitlines()
+            start = next(i for i, ln in enumerate(lines) if ln.startswith("<<<<<<<"))
+            end = next(i for i in range(start, len(lines)) if lines[i].startswith(">>>>>>>"))
+            out["line"] = start + 1
+            out["hunk"] = "\n".join(lines[start:end + 1]) + "\n"
+        except (OSError, StopIteration):
+            pass
+    return out

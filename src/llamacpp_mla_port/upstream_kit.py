@@ -23,7 +23,6 @@ import configparser
 import fnmatch
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -262,9 +261,6 @@ BuildFn = Callable[[Path, Path, list[str]], object]
 def _default_build(jobs: int | None) -> BuildFn:
     def build(tree: Path, build_dir: Path, targets: list[str]) -> object:
         from llamacpp_mla_port.build import ensure_build
-        # ccache hashes paths relative to the build dir below this base: a moved work dir
-        # (or another checkout laid out the same way) still hits the cache
-        os.environ.setdefault("CCACHE_BASEDIR", str(Path(tree).parent))
         return ensure_build(tree, build_dir, targets, jobs=jobs, echo=False)
     return build
 

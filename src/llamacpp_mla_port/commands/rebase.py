@@ -1,5 +1,6 @@
 """`rebase`: re-render the series onto a newer upstream, move the pin forward; `--canary`
-only tries and reports (the work is rebase.py).
+only tries and reports; `--canary --prove` also applies, builds and proves it in a canary
+dir of its own (the work is rebase.py and canary.py).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from llamacpp_mla_port.upstream import SOURCES
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--onto", required=True, metavar="COMMIT|PATH",
+    parser.add_argument("--onto", required=True, metavar="COMMIT|PATH|NAME==VERSION|bN|newest",
                         help="the newer upstream: a commit/tag/branch (of --git-url, default the "
-                             "pin's URL), a local clone (its HEAD), or a plain llama.cpp tree "
-                             "(canary only)")
+                             "pin's URL), a local clone (its HEAD), a plain llama.cpp tree, or "
+                             "(canary only) a PyPI sdist holding one: NAME==VERSION, or a tag / "
+                             "`newest` of templates/upstreams.toml")
     parser.add_argument("--git-url", metavar="URL|PATH",
                         help="the repository holding --onto (a local clone is fastest)")
     parser.add_argument("--force", action="store_true",
@@ -41,9 +43,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="where the OLD pinned base comes from when not cached")
     parser.add_argument("--sdist-file", type=Path, metavar="PATH",
                         help="the already-downloaded sdist of the old pin")
+    g = parser.add_argument_group("the full canary (--canary --prove)")
+    g.add_argument("--prove", action="store_true",
+                   help="after the anchors: apply with git am -3, build and run the proof on the "
+                        "new upstream, in the canary dir; one line per stage, the JSON report "
+                        "in <canary-dir>/canary.json (--json: on stdout); exit 1 at the first "
+                        "failing stage")
+    g.add_argument("--canary-dir", type=Path, metavar="DIR",
+                   help="the canary's own work dir (default: ./work-canary, or "
+                        "$MLA_PORT_CANARY_DIR); work/, patches/ and the pin are never touched")
+    g.add_argument("--cmake-arg", action="append", default=[], metavar="ARG",
+                   help="extra CMake option for the canary build (repeatable)")
+    g.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs")
+    g.add_argument("--quick", action="store_true",
+                   help="the proof's quick mode (draft length 3 only in the lossless matrix)")
+    g.add_argument("--no-server", action="store_true", help="the proof without llama-server runs")
+    g.add_argument("--threads", type=int, default=2, help="threads of every llama.cpp process of the proof")
+    g.add_argument("--baseline", type=Path, metavar="SMOKE_JSON",
+                   help="a `smoke` report (e.g. of the pin: `llamacpp-mla-port smoke > pin.json`) "
+                        "whose printed figures the proof's are compared with")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.prove:
+        return _run_full_canary(args)
     opts = RebaseOptions(onto=args.onto, git_url=args.git_url, force=args.force,
                          canary=args.canary, tag=args.tag, templates_dir=args.templates_dir,
                          patches_dir=args.patches_dir, work_dir=args.work_dir,
@@ -63,3 +86,30 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_text(o))
     return 0 if o.ok else 1
+
+
+def _run_full_canary(args: argparse.Namespace) -> int:
+    from llamacpp_mla_port.canary import REPORT_NAME, CanaryOptions, run_canary, stage_line
+    opts = CanaryOptions(onto=args.onto, git_url=args.git_url, tag=args.tag,
+                         templates_dir=args.templates_dir, patches_dir=args.patches_dir,
+                         canary_dir=args.canary_dir, cmake_args=tuple(args.cmake_arg),
+                         jobs=args.jobs, quick=args.quick, server=not args.no_server,
+                         threads=args.threads, baseline=args.baseline)
+    out = sys.stderr if args.json else sys.stdout
+
+    def line(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    line(f"canary: {args.onto} in {opts.canary_dir}")
+    report = run_canary(opts, log=lambda *a: print(*a, file=sys.stderr, flush=True),
+                        on_stage=lambda name, entry: line(stage_line(name, entry)))
+    opts.canary_dir.mkdir(parents=True, exist_ok=True)
+    path = opts.canary_dir / REPORT_NAME
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    onto = (report.get("onto") or {}).get("tag") or args.onto
+    verdict = (f"canary: the series renders, applies, builds and proves on {onto}" if report["ok"]
+               else f"canary: FAILED at {report['stage']} on {onto}")
+    line(f"{verdict} ({report['seconds']:.1f} s); report: {path}")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 0 if report["ok"] else 1
