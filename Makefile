@@ -12,22 +12,26 @@ STAMP  := $(VENV)/.installed
 # Pass-through knobs (see README):
 #   PATCH_ARGS="--source sdist"  or  PATCH_ARGS="--git-url ~/src/llama.cpp"
 #   BUILD_ARGS="--cmake-arg -DGGML_CUDA=ON"
+#   RPC=1          make build adds llama.cpp's RPC backend and ggml-rpc-server
 #   PYTEST_ARGS="-k engine -x"
 PATCH_ARGS ?=
 BUILD_ARGS ?=
+RPC ?=
 PYTEST_ARGS ?=
 
-.PHONY: help venv patch check build smoke test test-slow pr bench clean-work clean
+.PHONY: help venv patch check build smoke test test-slow pr bench bench-rpc clean-work clean
 
 help:
 	@echo "make patch       pinned llama.cpp + the series applied in ./work/llama.cpp; patches/ exported"
 	@echo "make build       CMake build of the patched tree in ./work/build (after make patch)"
+	@echo "make build RPC=1 the same plus llama.cpp's RPC backend and ggml-rpc-server (a model spread over hosts)"
 	@echo "make check       fail when patches/ drift from a fresh render of templates/"
 	@echo "make smoke       build, make fixtures, parity + lossless proof, one JSON report"
 	@echo "make test        the test suite (drift check, engine, runtime, converter, proof, doctor)"
 	@echo "make test-slow   realistic-size checks (real-config converter run, minutes, ~10 GB disk)"
 	@echo "make pr          upstream kit: per-commit build/lint checks + evidence folder"
 	@echo "make bench       time make patch with a warm cache"
+	@echo "make bench-rpc   local vs RPC (two loopback ggml-rpc-servers) timings, side by side"
 	@echo "make clean-work  delete the tool-owned work dir ./work (llama.cpp tree + build)"
 
 $(STAMP): pyproject.toml
@@ -45,7 +49,7 @@ check: $(STAMP)
 	$(TOOL) check $(PATCH_ARGS)
 
 build: patch
-	$(TOOL) build $(BUILD_ARGS)
+	$(TOOL) build $(if $(filter 1,$(RPC)),--rpc) $(BUILD_ARGS)
 
 smoke: build
 	$(TOOL) smoke
@@ -61,6 +65,9 @@ pr: build
 
 bench: patch
 	$(BIN)/python benchmarks/bench_patch.py
+
+bench-rpc: patch
+	$(BIN)/python benchmarks/bench_rpc.py
 
 clean-work:
 	rm -rf work

@@ -265,7 +265,8 @@ def _default_build(jobs: int | None) -> BuildFn:
         # ccache hashes paths relative to the build dir below this base: a moved work dir
         # (or another checkout laid out the same way) still hits the cache
         os.environ.setdefault("CCACHE_BASEDIR", str(Path(tree).parent))
-        return ensure_build(tree, build_dir, targets, jobs=jobs, echo=False)
+        # with the RPC backend, so that a commit touching ggml-rpc is compiled as well
+        return ensure_build(tree, build_dir, targets, jobs=jobs, echo=False, rpc=True)
     return build
 
 
