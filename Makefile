@@ -12,20 +12,23 @@ STAMP  := $(VENV)/.installed
 # Pass-through knobs (see README):
 #   PATCH_ARGS="--source sdist"  or  PATCH_ARGS="--git-url ~/src/llama.cpp"
 #   BUILD_ARGS="--cmake-arg -DGGML_CUDA=ON"
+#   RPC=1          make build adds llama.cpp's RPC backend and ggml-rpc-server
 #   PYTEST_ARGS="-k engine -x"
 #   CANARY_ONTO=newest|bNNNNN|NAME==VERSION|COMMIT|PATH  CANARY_ARGS="--git-url ~/src/llama.cpp"
 PATCH_ARGS ?=
 BUILD_ARGS ?=
+RPC ?=
 PYTEST_ARGS ?=
 CANARY_ONTO ?= newest
 CANARY_DIR ?= work-canary
 CANARY_ARGS ?=
 
-.PHONY: help venv patch check build smoke test test-slow pr canary bench clean-work clean
+.PHONY: help venv patch check build smoke test test-slow pr canary bench bench-rpc clean-work clean
 
 help:
 	@echo "make patch       pinned llama.cpp + the series applied in ./work/llama.cpp; patches/ exported"
 	@echo "make build       CMake build of the patched tree in ./work/build (after make patch)"
+	@echo "make build RPC=1 the same plus llama.cpp's RPC backend and ggml-rpc-server (a model spread over hosts)"
 	@echo "make check       fail when patches/ drift from a fresh render of templates/"
 	@echo "make smoke       build, make fixtures, parity + lossless proof, one JSON report"
 	@echo "make test        the test suite (drift check, engine, runtime, converter, proof, doctor)"
@@ -33,6 +36,7 @@ help:
 	@echo "make pr          upstream kit: per-commit build/lint checks + evidence folder"
 	@echo "make canary      render, apply, build and prove the series on the newest known upstream (./work-canary)"
 	@echo "make bench       time make patch with a warm cache"
+	@echo "make bench-rpc   local vs RPC (two loopback ggml-rpc-servers) timings, side by side"
 	@echo "make clean-work  delete the tool-owned work dirs ./work and ./work-canary"
 
 $(STAMP): pyproject.toml
@@ -50,7 +54,7 @@ check: $(STAMP)
 	$(TOOL) check $(PATCH_ARGS)
 
 build: patch
-	$(TOOL) build $(BUILD_ARGS)
+	$(TOOL) build $(if $(filter 1,$(RPC)),--rpc) $(BUILD_ARGS)
 
 smoke: build
 	$(TOOL) smoke
@@ -69,6 +73,9 @@ canary: $(STAMP)
 
 bench: patch
 	$(BIN)/python benchmarks/bench_patch.py
+
+bench-rpc: patch
+	$(BIN)/python benchmarks/bench_rpc.py
 
 clean-work:
 	rm -rf work work-canary

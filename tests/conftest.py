@@ -2,7 +2,8 @@
 
 `patched_tree`: the pinned llama.cpp with the CURRENT templates rendered and applied
 (`engine.patch` into the default work dir, exporting into a temporary patches dir so the
-tests never rewrite the checked-in patches/). `llama_build`: its CMake build dir.
+tests never rewrite the checked-in patches/). `llama_build`: its CMake build dir, configured
+with the RPC backend (`make build RPC=1`'s configuration).
 MLA_PORT_TREE / MLA_PORT_BUILD point both at another tree/build (development).
 """
 
@@ -43,5 +44,7 @@ def llama_build(patched_tree) -> Path:
     override = os.environ.get("MLA_PORT_BUILD")
     if override:
         return Path(override)
-    from llamacpp_mla_port.build import ensure_build
-    return Path(ensure_build(patched_tree, engine.Options().workspace().build_dir))
+    from llamacpp_mla_port.build import DEFAULT_TARGETS, ensure_build
+    # one build for every test: with the RPC backend and ggml-rpc-server (test_rpc), which
+    # the other tests run on unchanged
+    return Path(ensure_build(patched_tree, engine.Options().workspace().build_dir, DEFAULT_TARGETS, rpc=True))

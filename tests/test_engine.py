@@ -262,10 +262,11 @@ def test_apply_failure_leaves_the_base_not_half_applied(opts):
     result = engine.patch(opts, log=lambda *_: None)
     tree = Path(result["tree"])
     from llamacpp_mla_port import series as series_mod
-    bad = opts.patches_dir / result["patches"][0]
+    # break the gguf-py patch wherever it sits in the series (what applied before it must go too)
+    line = "+        MODEL_TENSOR.ATTN_KV_A_MQA,"
+    bad = next(opts.patches_dir / p for p in result["patches"] if line in (opts.patches_dir / p).read_text())
     text = bad.read_text()
-    bad.write_text(text.replace("+        MODEL_TENSOR.ATTN_KV_A_MQA,",
-                                "+        MODEL_TENSOR.ATTN_KV_A_MQA,\n-        no such line"))
+    bad.write_text(text.replace(line, line + "\n-        no such line"))
     repo = gitutil.open_repo(tree)
     base = engine.Options.workspace(opts).state()["base"]
     with pytest.raises(SeriesError, match="git am -3"):

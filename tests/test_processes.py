@@ -9,7 +9,7 @@ import time
 import pytest
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.processes import Owned, free_port, run_bounded
+from llamacpp_mla_port.proof.processes import Owned, RpcServer, free_port, run_bounded
 
 # a parent that listens on a port and leaves a child behind in its process group
 SERVER = """
@@ -71,3 +71,38 @@ def test_run_bounded_kills_on_timeout():
     assert time.monotonic() - t0 < 30
     done = run_bounded([sys.executable, "-c", "print('hi')"], timeout=30)
     assert done.returncode == 0 and done.stdout.strip() == "hi"
+
+
+def test_wait_log_sees_output_and_is_bounded(tmp_path):
+    script = ("import time; print('loading', flush=True); time.sleep(0.5); print('tok 7f3a', flush=True); "
+              "time.sleep(600)")
+    with Owned([sys.executable, "-c", script], tmp_path / "log") as proc:
+        assert proc.wait_log(r"tok ([0-9a-f]+)", seconds=30).group(1) == "7f3a"
+        t0 = time.monotonic()
+        with pytest.raises(ProofError, match="did not match"):
+            proc.wait_log("never printed", seconds=1)
+        assert time.monotonic() - t0 < 30
+        assert not proc.alive()            # a time-out stops it
+    with Owned([sys.executable, "-c", "print('bye')"], tmp_path / "log2") as proc:
+        with pytest.raises(ProofError, match="exited with 0 before its output matched"):
+            proc.wait_log("never printed", seconds=30)
+
+
+def test_kill_is_a_crash_of_the_whole_group(tmp_path):
+    port = free_port()
+    with Owned([sys.executable, "-c", SERVER, str(port)], tmp_path / "log") as srv:
+        srv.wait_port(port, seconds=30)
+        child = int(srv.log_tail().split()[0])
+        srv.kill()
+        assert srv.wait(30) == -9
+        deadline = time.monotonic() + 10
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(child)
+
+
+def test_rpc_server_without_the_rpc_build_says_how_to_get_it(tmp_path):
+    (tmp_path / "bin").mkdir()
+    with pytest.raises(ProofError, match="no RPC backend") as err:
+        RpcServer(tmp_path, tmp_path / "rpc.log")
+    assert "make build RPC=1" in err.value.hint

@@ -50,6 +50,12 @@ BASE_CMAKE_ARGS: tuple[str, ...] = (
     "-DCMAKE_UNITY_BUILD_RELOCATABLE=ON",
 )
 
+#: llama.cpp's RPC backend (a model spread over hosts, `--rpc host:port,...`) and the server
+#: each host runs. GGML_RPC adds a PUBLIC compile definition to ggml, so switching it
+#: recompiles everything (ccache makes the second configuration cheap).
+RPC_CMAKE_ARGS: tuple[str, ...] = ("-DGGML_RPC=ON",)
+RPC_TARGETS: tuple[str, ...] = ("ggml-rpc-server",)
+
 LOG_NAME = "llamacpp-mla-port-build.log"
 ARGS_NAME = "llamacpp-mla-port-cmake-args.txt"
 TAIL_LINES = 40
@@ -149,12 +155,17 @@ def _run_logged(cmd: list[str], log_path: Path, stage: str, echo: bool,
 
 
 def ensure_build(tree: Path, build_dir: Path, targets: Iterable[str] = DEFAULT_TARGETS,
-                 cmake_args: Sequence[str] = (), jobs: int | None = None, echo: bool = True) -> Path:
+                 cmake_args: Sequence[str] = (), jobs: int | None = None, echo: bool = True,
+                 rpc: bool = False) -> Path:
     """Configure (when needed) and build `targets` of `tree` into `build_dir`; returns build_dir.
 
     Reconfigures only when the build dir has no cache or the CMake options changed, so a
-    rerun is an incremental Ninja build. Binaries end up in <build_dir>/bin.
+    rerun is an incremental Ninja build. Binaries end up in <build_dir>/bin. `rpc` adds the
+    RPC backend (RPC_CMAKE_ARGS, before the caller's options) and its server (RPC_TARGETS).
     """
+    if rpc:
+        cmake_args = [*RPC_CMAKE_ARGS, *cmake_args]
+        targets = [*targets, *(t for t in RPC_TARGETS if t not in targets)]
     tree = Path(tree)
     build_dir = Path(build_dir)
     if not (tree / "CMakeLists.txt").is_file():

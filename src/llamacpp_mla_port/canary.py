@@ -58,6 +58,9 @@ class CanaryOptions:
     canary_dir: Path | None = None
     cmake_args: tuple[str, ...] = ()
     jobs: int | None = None
+    # the configuration of the tests' build (RPC backend on): the canary's compiles then hit
+    # the ccache entries of that build, and the new upstream's ggml-rpc is compiled too
+    rpc: bool = True
     prove: bool = True              # False: stop after the build
     quick: bool = False             # smoke --quick
     server: bool = True             # smoke without --no-server
@@ -197,7 +200,7 @@ def _build(opts: CanaryOptions, ws: Workspace, state: dict) -> dict:
     from llamacpp_mla_port.proof.smoke import SMOKE_TARGETS
     try:
         build_mod.ensure_build(ws.tree, ws.build_dir, SMOKE_TARGETS, opts.cmake_args, opts.jobs,
-                               echo=False)
+                               echo=False, rpc=opts.rpc)
     except PortError as err:
         log_path = ws.build_dir / build_mod.LOG_NAME
         text = log_path.read_text(errors="replace") if log_path.is_file() else ""

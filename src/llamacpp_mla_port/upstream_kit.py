@@ -261,7 +261,8 @@ BuildFn = Callable[[Path, Path, list[str]], object]
 def _default_build(jobs: int | None) -> BuildFn:
     def build(tree: Path, build_dir: Path, targets: list[str]) -> object:
         from llamacpp_mla_port.build import ensure_build
-        return ensure_build(tree, build_dir, targets, jobs=jobs, echo=False)
+        # with the RPC backend, so that a commit touching ggml-rpc is compiled as well
+        return ensure_build(tree, build_dir, targets, jobs=jobs, echo=False, rpc=True)
     return build
 
 

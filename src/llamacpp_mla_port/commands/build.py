@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llamacpp_mla_port.build import DEFAULT_TARGETS, ensure_build
+from llamacpp_mla_port.build import DEFAULT_TARGETS, RPC_TARGETS, ensure_build
 from llamacpp_mla_port.workspace import default_work_dir
 
 
@@ -20,6 +20,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"build this target (repeatable; default: {' '.join(DEFAULT_TARGETS)})")
     parser.add_argument("--cmake-arg", dest="cmake_args", action="append", default=[], metavar="ARG",
                         help="extra CMake configure option, e.g. --cmake-arg -DGGML_CUDA=ON (repeatable)")
+    parser.add_argument("--rpc", action="store_true",
+                        help="also build llama.cpp's RPC backend (-DGGML_RPC=ON) and ggml-rpc-server, "
+                             "to spread a model over hosts (`--rpc host:port,...`)")
     parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     parser.add_argument("--quiet", action="store_true", help="do not stream the build output")
 
@@ -29,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     tree = args.tree or work_dir / "llama.cpp"
     build_dir = args.build_dir or work_dir / "build"
     targets = args.targets or list(DEFAULT_TARGETS)
-    out = ensure_build(tree, build_dir, targets, args.cmake_args, jobs=args.jobs, echo=not args.quiet)
+    if args.rpc:
+        targets += [t for t in RPC_TARGETS if t not in targets]
+    out = ensure_build(tree, build_dir, targets, args.cmake_args, jobs=args.jobs, echo=not args.quiet, rpc=args.rpc)
     print(f"built {' '.join(targets)} in {out / 'bin'}")
     return 0

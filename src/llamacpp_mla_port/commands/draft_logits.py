@@ -36,6 +36,12 @@ def configure(parser) -> None:
     parser.add_argument("--flash-attn", choices=("on", "off"), default="off")
     parser.add_argument("--cache-type", choices=CACHE_TYPES, default="f16", help="draft KV cache type")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rpc", default=None, metavar="HOST:PORT,...",
+                        help="llama.cpp RPC servers (ggml-rpc-server) whose devices the models may use")
+    parser.add_argument("--draft-devices", default=None, metavar="DEV,...",
+                        help="devices for the draft's layers, llama.cpp's names (RPC0, RPC1, ...; default: CPU)")
+    parser.add_argument("--target-devices", default=None, metavar="DEV,...",
+                        help="devices for the target (its token embeddings and lm_head serve the draft)")
     parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
     parser.add_argument("--build", type=Path, default=None, help="its CMake build dir (default: the work build)")
     parser.add_argument("--reference", type=Path, default=None,
@@ -48,7 +54,8 @@ def run(args) -> int:
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     got = run_draft_logits(binary, args.draft, args.target, args.features, tokens, args.out,
                            ctx_pos0=args.ctx_pos0, block_pos0=args.block_pos0,
-                           flash_attn=args.flash_attn == "on", cache_type=args.cache_type, threads=args.threads)
+                           flash_attn=args.flash_attn == "on", cache_type=args.cache_type, threads=args.threads,
+                           rpc=args.rpc, draft_devices=args.draft_devices, target_devices=args.target_devices)
     report = {"out": str(args.out), "chain": got.chain.tolist(),
               "confidence": None if got.confidence is None else got.confidence.tolist(),
               "kv_bytes_per_token": got.kv_bytes_per_token}

@@ -8,13 +8,13 @@ verb `draft-logits` (commands/draft_logits.py) is its command line.
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.proof.processes import run_bounded
 
 CACHE_TYPES = ("f16", "f32", "bf16", "q8_0")
 
@@ -58,8 +58,13 @@ def parse_kv_bytes_per_token(line: str) -> float | None:
 def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarray | Path, tokens,
                      out_dir: Path, ctx_pos0: int = 0, block_pos0: int | None = None,
                      flash_attn: bool = False, cache_type: str = "f16", threads: int = 2,
-                     timeout: float = 600) -> DraftLogits:
-    """Run the compiled draft-logits program; features may be an array (saved next to the outputs)."""
+                     timeout: float = 600, rpc: str | None = None, draft_devices: str | None = None,
+                     target_devices: str | None = None, env: dict | None = None) -> DraftLogits:
+    """Run the compiled draft-logits program; features may be an array (saved next to the outputs).
+
+    rpc ("host:port,...") registers llama.cpp RPC servers; draft_devices / target_devices
+    ("RPC0,RPC1", llama.cpp's device names) place each model's layers there (default: CPU).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not isinstance(features, (str, Path)):
@@ -72,7 +77,10 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
            "--flash-attn", "on" if flash_attn else "off", "--cache-type", cache_type, "--threads", str(threads)]
     if block_pos0 is not None:
         cmd += ["--block-pos0", str(block_pos0)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    for flag, value in (("--rpc", rpc), ("--draft-devices", draft_devices), ("--target-devices", target_devices)):
+        if value:
+            cmd += [flag, value]
+    proc = run_bounded(cmd, timeout, env=env)
     if proc.returncode != 0:
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("draft-logits: error:")]
         raise ProofError(f"draft-logits failed (exit {proc.returncode}): {' '.join(errors) or proc.stderr[-3000:]}",

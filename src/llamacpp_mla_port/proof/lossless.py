@@ -73,12 +73,13 @@ def target_alone(build: Path, target: Path, prompt: str, n_predict: int = N_PRED
 
 
 def speculative_simple(build: Path, target: Path, draft: Path, prompt: str, draft_max: int, flash_attn: bool,
-                       p_min: float, n_predict: int = N_PREDICT, threads: int = 2) -> SpecRun:
+                       p_min: float, n_predict: int = N_PREDICT, threads: int = 2, extra=()) -> SpecRun:
+    """One greedy llama-speculative-simple run; `extra` args go last (placement: --rpc, -dev, -devd ...)."""
     exe = str(Path(build) / "bin" / "llama-speculative-simple")
     cmd = [exe, "-m", str(target), "-md", str(draft),
            "--spec-type", "draft-dspark", "--spec-draft-n-max", str(draft_max), "--spec-draft-p-min", str(p_min),
            "-p", prompt, "-n", str(n_predict), "--temp", "0", "--top-k", "1", "-s", "1", "-c", "512",
-           "-fa", "on" if flash_attn else "off", "-t", str(threads)]
+           "-fa", "on" if flash_attn else "off", "-t", str(threads), *[str(a) for a in extra]]
     # the statistics come through common's asynchronous logger; under heavy load a run has
     # been seen to exit 0 without them, so a run without statistics is repeated (twice at most)
     for _ in range(3):
@@ -231,19 +232,24 @@ def render(ids) -> str:
     return "".join(format(int(t), "x") for t in ids)
 
 
-def _matrix(draft_lengths, p_min_on: float):
-    return [(k, fa, p) for k in draft_lengths for fa in (False, True) for p in (0.0, p_min_on)]
+@dataclass
+class LosslessPair:
+    """The deep tiny Kimi-K3 target, its drafts and the target-alone texts of the prompts."""
+
+    target: Path
+    drafts: dict[str, Path]            # "bigram" (partly accepted), "random" (acceptance ~0)
+    prompts: list[str]
+    alone: dict[str, tuple[str, str]]  # prompt -> (llama-simple's text, the continuation's text)
+    bigram_entries: int
 
 
-def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server: bool = True, simple: bool = True,
-                 draft_lengths=(1, 3, 7), p_min_on: float = 0.5, n_prompts: int = 20, threads: int = 2,
-                 log=print) -> dict:
-    """The whole lossless matrix; every mismatch is listed in the report (`n_mismatches`)."""
+def prepare_pair(tree: Path, build: Path, work: Path, base_target: Path, n_prompts: int = 20,
+                 draft_names=("bigram", "random")) -> LosslessPair:
+    """Target, drafts (the bigram draft learns from HALF the prompts) and target-alone texts."""
     from llamacpp_mla_port.proof.programs import compile_program
     from llamacpp_mla_port.proof.reference import read_target_head
     from llamacpp_mla_port.proof.targets import write_deep_kimi_k3_target
 
-    t0 = time.monotonic()
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
     prompts = list(PROMPTS[:n_prompts])
@@ -255,10 +261,11 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
     n_prompt_ids = [len(s) - N_PREDICT for s in seqs]
     bigrams = bigram_table(seqs[: n_prompts // 2])          # learned from half the prompts only
     taps = [0, 2, 4]            # HF ids: llama.cpp target_layers [1, 3, 5], three residual blocks
-    drafts = {
-        "bigram": write_lossless_draft(tree, work, "draft-bigram", hidden, vocab, taps, bigrams),
-        "random": write_lossless_draft(tree, work, "draft-random", hidden, vocab, taps, None),
+    makers = {
+        "bigram": lambda: write_lossless_draft(tree, work, "draft-bigram", hidden, vocab, taps, bigrams),
+        "random": lambda: write_lossless_draft(tree, work, "draft-random", hidden, vocab, taps, None),
     }
+    drafts = {name: makers[name]() for name in draft_names}
     alone = {}
     for p, s, n in zip(prompts, seqs, n_prompt_ids):
         text = target_alone(build, target, p)
@@ -267,8 +274,22 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
             raise ProofError(f"llama-simple's greedy text for {p!r} differs from the target's greedy ids",
                              hint=f"{text!r} vs {render(s)!r}")
         alone[p] = (text, render(s[n:]))
+    return LosslessPair(target, drafts, prompts, alone, len(bigrams))
 
-    report: dict = {"n_prompts": len(prompts), "n_predict": N_PREDICT, "bigram_entries": len(bigrams),
+
+def _matrix(draft_lengths, p_min_on: float):
+    return [(k, fa, p) for k in draft_lengths for fa in (False, True) for p in (0.0, p_min_on)]
+
+
+def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server: bool = True, simple: bool = True,
+                 draft_lengths=(1, 3, 7), p_min_on: float = 0.5, n_prompts: int = 20, threads: int = 2,
+                 log=print) -> dict:
+    """The whole lossless matrix; every mismatch is listed in the report (`n_mismatches`)."""
+    t0 = time.monotonic()
+    pair = prepare_pair(tree, build, work, base_target, n_prompts)
+    prompts, target, drafts, alone = pair.prompts, pair.target, pair.drafts, pair.alone
+
+    report: dict = {"n_prompts": len(prompts), "n_predict": N_PREDICT, "bigram_entries": pair.bigram_entries,
                     "target": "kimi-k3 MKKMKK (MLA/KDA hybrid), attn_res block 2", "taps_llama": [1, 3, 5],
                     "speculative_simple": [], "server": []}
     mismatches: list[str] = []

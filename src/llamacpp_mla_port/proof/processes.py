@@ -9,13 +9,17 @@ of the group when SIGTERM was not enough. Use an `Owned` as a context manager (o
     Owned(cmd, log_path)         start cmd in its own process group, output to a log file
       .wait_port(seconds)        bounded wait until it listens on its port (or exits)
       .wait_http(url, seconds)   bounded wait until GET url answers 200 (or it exits)
+      .wait_log(regex, seconds)  bounded wait until its output matches (e.g. a run got going)
+      .kill()                    SIGKILL the group now (a crash, in fault tests); stop() reaps
       .stop()                    SIGTERM, bounded wait, SIGKILL of the whole group
+    RpcServer(build, log_path)   llama.cpp's ggml-rpc-server on a free port, listening, own -t
     run_bounded(cmd, timeout)    subprocess.run in its own group, the group killed on timeout
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -112,6 +116,21 @@ class Owned:
         raise ProofError(f"{self.name}: {url} did not answer 200 within {seconds:g} s; log {self.log_path}:\n"
                          f"{self.log_tail()}", hint=" ".join(self.cmd))
 
+    def wait_log(self, pattern: str, seconds: float = 60) -> re.Match:
+        """Until its output matches the regex; ProofError when it exits first or on time-out."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            m = regex.search(self.log_tail(1 << 20))
+            if m:
+                return m
+            if not self.alive():
+                raise self._died(f"before its output matched {pattern!r}")
+            time.sleep(0.05)
+        self.stop()
+        raise ProofError(f"{self.name}: output did not match {pattern!r} within {seconds:g} s; log {self.log_path}:\n"
+                         f"{self.log_tail()}", hint=" ".join(self.cmd))
+
     def wait(self, seconds: float) -> int:
         """Its exit code, waiting at most `seconds` (then it is killed and ProofError raised)."""
         try:
@@ -122,6 +141,10 @@ class Owned:
                              hint=" ".join(self.cmd)) from None
 
     # ------------------------------------------------------------------ stop
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to the whole group now, without waiting: a crash, for fault tests."""
+        _kill_group(self.proc, sig)
+
     def stop(self, grace: float = 10) -> int | None:
         """SIGTERM the group, wait up to `grace` s, then SIGKILL it; the exit code. Idempotent."""
         if self.alive():
@@ -145,6 +168,30 @@ class Owned:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class RpcServer(Owned):
+    """llama.cpp's ggml-rpc-server on a free loopback port with its own thread budget;
+    listening once constructed. `endpoint` is what `--rpc` takes."""
+
+    def __init__(self, build: Path, log_path: Path, threads: int = 1, env: dict | None = None,
+                 seconds: float = 60):
+        binary = Path(build) / "bin" / "ggml-rpc-server"
+        if not binary.is_file():
+            raise ProofError(f"{binary} not found: this llama.cpp build has no RPC backend",
+                             hint="build it with the RPC backend: make build RPC=1")
+        self.port = free_port()
+        super().__init__([binary, "--host", LOCALHOST, "--port", self.port, "--threads", threads], log_path,
+                         env=env, name=f"ggml-rpc-server {LOCALHOST}:{self.port}")
+        try:
+            self.wait_port(self.port, seconds)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def endpoint(self) -> str:
+        return f"{LOCALHOST}:{self.port}"
 
 
 def run_bounded(cmd: Sequence[str], timeout: float, env: dict | None = None,

@@ -18,10 +18,16 @@
 //                                 are rebuilt from llama.cpp's own hidden state and the target head
 //   confidence.npy     f4 [B]     sigmoid confidence (nextn output), only with a confidence head
 //   meta.json                     sizes and what ran
+//
+// Placement (default: everything on the CPU): --rpc HOST:PORT,... registers llama.cpp RPC
+// servers, --draft-devices / --target-devices put each model (all its layers) on the named
+// devices (RPC0, RPC1, ... as llama.cpp names them; CPU), so the features, the injected
+// latent rows and the block cross the RPC boundary.
 #include "llama.h"
 #include "llama-ext.h"
 #include "gguf.h"
 #include "ggml.h"
+#include "ggml-backend.h"
 
 #include "diag.h"
 #include "npy.h"
@@ -44,6 +50,7 @@ struct args_t {
     int32_t threads    = 2;
     std::string flash_attn = "off";
     std::string cache_type = "f16";
+    std::string rpc, draft_devices, target_devices;
     bool verbose = false;
 };
 
@@ -52,6 +59,7 @@ static void usage() {
         "usage: draft-logits --draft D.gguf --target T.gguf --features F.npy --tokens IDS --out DIR\n"
         "                    [--ctx-pos0 N] [--block-pos0 N] [--flash-attn on|off] [--cache-type f16|f32|bf16]\n"
         "                    [--threads N] [--verbose]\n"
+        "                    [--rpc HOST:PORT,...] [--draft-devices DEV,...] [--target-devices DEV,...]\n"
         "  F.npy: [C, taps * target_n_embd] float32/float64 target features for positions ctx-pos0 .. ctx-pos0+C-1\n"
         "  IDS:   comma-separated token ids or an int .npy: the block [anchor, MASK, ...] at block-pos0 (default ctx-pos0+C)\n");
 }
@@ -77,6 +85,9 @@ static args_t parse_args(int argc, char ** argv) {
         else if (k == "--threads")    a.threads = std::stoi(val());
         else if (k == "--flash-attn") a.flash_attn = val();
         else if (k == "--cache-type") a.cache_type = val();
+        else if (k == "--rpc")        a.rpc = val();
+        else if (k == "--draft-devices")  a.draft_devices = val();
+        else if (k == "--target-devices") a.target_devices = val();
         else if (k == "--verbose")    a.verbose = true;
         else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
         else { usage(); die("unknown argument " + k); }
@@ -111,6 +122,66 @@ static ggml_type parse_cache_type(const std::string & s) {
     if (s == "bf16") return GGML_TYPE_BF16;
     if (s == "q8_0") return GGML_TYPE_Q8_0;
     die("unsupported --cache-type " + s + " (f16, f32, bf16, q8_0)");
+}
+
+static std::vector<std::string> split_list(const std::string & s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (!item.empty()) {
+            out.push_back(item);
+        }
+    }
+    return out;
+}
+
+// as common's --rpc does: each server's devices join the backend registry
+static void add_rpc_servers(const std::string & servers) {
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name("RPC");
+    if (!reg) {
+        die("--rpc: this llama.cpp build has no RPC backend (configure it with -DGGML_RPC=ON: make build RPC=1)");
+    }
+    using add_server_fn = ggml_backend_reg_t (*)(const char * endpoint);
+    auto add_server = (add_server_fn) ggml_backend_reg_get_proc_address(reg, "ggml_backend_rpc_add_server");
+    if (!add_server) {
+        die("--rpc: the RPC backend has no ggml_backend_rpc_add_server");
+    }
+    for (const std::string & server : split_list(servers)) {
+        ggml_backend_reg_t server_reg = add_server(server.c_str());
+        if (!server_reg) {
+            die("cannot use RPC server " + server + " (the reason is logged above)");
+        }
+        ggml_backend_register(server_reg);
+    }
+}
+
+// a NULL-terminated device list for llama_model_params.devices (empty: the CPU only)
+static std::vector<ggml_backend_dev_t> parse_devices(const std::string & names) {
+    std::vector<ggml_backend_dev_t> devs;
+    for (const std::string & name : split_list(names)) {
+        if (name == "CPU" || name == "none") {
+            continue;
+        }
+        ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
+        if (!dev) {
+            std::string known;
+            for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+                known += std::string(known.empty() ? "" : ", ") + ggml_backend_dev_name(ggml_backend_dev_get(i));
+            }
+            die("unknown device " + name + " (this run has: " + known + "; RPC devices come with --rpc)");
+        }
+        devs.push_back(dev);
+    }
+    devs.push_back(nullptr);
+    return devs;
+}
+
+static llama_model_params placed_params(const std::vector<ggml_backend_dev_t> & devs) {
+    llama_model_params mparams = llama_model_default_params();
+    mparams.devices      = const_cast<ggml_backend_dev_t *>(devs.data());
+    mparams.n_gpu_layers = devs.size() > 1 ? 999 : 0;   // every layer on the devices given, else the CPU
+    return mparams;
 }
 
 static std::string meta_str(const llama_model * model, const char * key) {
@@ -216,13 +287,16 @@ static int run(int argc, char ** argv) {
     }
     const int32_t block_pos0 = args.block_pos0 >= 0 ? args.block_pos0 : args.ctx_pos0 + (int32_t) n_ctx_rows;
 
-    llama_model_params mparams = llama_model_default_params();
-    mparams.n_gpu_layers = 0;
-    llama_model * model_tgt = llama_model_load_from_file(args.target.c_str(), mparams);
+    if (!args.rpc.empty()) {
+        add_rpc_servers(args.rpc);
+    }
+    const std::vector<ggml_backend_dev_t> devs_tgt = parse_devices(args.target_devices);
+    const std::vector<ggml_backend_dev_t> devs_dft = parse_devices(args.draft_devices);
+    llama_model * model_tgt = llama_model_load_from_file(args.target.c_str(), placed_params(devs_tgt));
     if (!model_tgt) {
         die("cannot load target " + args.target);
     }
-    llama_model * model_dft = llama_model_load_from_file(args.draft.c_str(), mparams);
+    llama_model * model_dft = llama_model_load_from_file(args.draft.c_str(), placed_params(devs_dft));
     if (!model_dft) {
         die("cannot load draft " + args.draft);
     }
@@ -394,6 +468,9 @@ static int run(int argc, char ** argv) {
          << "  \"has_confidence\": " << (has_conf ? "true" : "false") << ",\n"
          << "  \"flash_attn\": \"" << args.flash_attn << "\",\n"
          << "  \"cache_type\": \"" << args.cache_type << "\",\n"
+         << "  \"rpc\": \"" << args.rpc << "\",\n"
+         << "  \"draft_devices\": \"" << json_escape(args.draft_devices) << "\",\n"
+         << "  \"target_devices\": \"" << json_escape(args.target_devices) << "\",\n"
          << "  \"kv_cache_bytes\": " << kv_bytes << ",\n"
          << "  \"kv_cells\": " << llama_n_ctx(ctx) << ",\n"
          << "  \"kv_cache_line\": \"" << json_escape(kv_line) << "\"\n"
