@@ -62,3 +62,10 @@ def test_counts(report):
     for line in report["deliberate"] + report["loader_defects"]:
         print("  " + line)
     assert report["agreements"] + len(report["deliberate"]) + len(report["loader_defects"]) == report["mutants"]
+
+
+def test_no_hang_and_no_abort_outside_the_known_upstream_ones(report):
+    from llamacpp_mla_port.proof.differential import upstream_abort
+    new = [f"{o.mutant.id}: {o.loader.verdict}: {o.loader.message}" for o in report["outcomes"]
+           if o.loader.verdict in ("abort", "hang") and upstream_abort(o.loader) is None]
+    assert new == [], "llama.cpp aborts or hangs where it should refuse"

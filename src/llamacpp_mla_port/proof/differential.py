@@ -284,6 +284,26 @@ def run_doctor(path: Path, target: Path | None) -> tuple[int, list[tuple[str, st
 # ---------------------------------------------------------------------------------------
 # the comparison
 
+#: The aborts of llama.cpp outside the DFlash/DSpark code that mutants still reach (message
+#: pattern -> where and why); the doctor refuses all of these files. A new abort, or any hang,
+#: fails the test: the DFlash loader and the pairing refuse cleanly.
+UPSTREAM_ABORTS: dict[str, str] = {
+    r".*GGML_ASSERT\(hparams\.n_layer_all > 0 && hparams\.n_layer_all <= LLAMA_MAX_LAYERS\).*":
+        "generic loader (llama_model_base::load_hparams): block_count 0 or above LLAMA_MAX_LAYERS",
+    r".*GGML_ASSERT\(hparams\.rope_scaling_type_train != LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED\).*":
+        "generic loader: a rope.scaling.type it does not know",
+    r".*binary_op: unsupported types: dst: f32, src0: f32, src1: f16.*":
+        "CPU backend: a norm weight stored as F16 (converters write them F32)",
+    r".*GGML_ASSERT\(\*cur_backend_id != -1\).*": "see KNOWN_LOADER_DEFECTS (AMX extra buffer type)",
+}
+
+
+def upstream_abort(result: LoaderResult) -> str | None:
+    if result.verdict != "abort":
+        return None
+    return next((why for pat, why in UPSTREAM_ABORTS.items() if re.fullmatch(pat, result.message)), None)
+
+
 def known_defect(mutant: Mutant) -> str | None:
     return next((why for pat, why in KNOWN_LOADER_DEFECTS.items() if re.fullmatch(pat, mutant.id)), None)
 
