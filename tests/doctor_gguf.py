@@ -123,7 +123,8 @@ def write_qwen3_draft(path: Path, *, n_layer: int = 2, seed: int = 1, keep_embd:
     e, H, hd = d["n_embd"], d["n_head"], 8
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), "dflash")
-    for k, v in {"context_length": 4096, "embedding_length": e, "block_count": n_layer, "feed_forward_length": d["n_ff"],
+    for k, v in {"context_length": 4096, "embedding_length": e, "block_count": n_layer,
+                 "feed_forward_length": d["n_ff"],
                  "attention.head_count": H, "attention.head_count_kv": 2, "attention.key_length": hd,
                  "attention.value_length": hd, "block_size": 7}.items():
         w.add_uint32(f"dflash.{k}", v)
@@ -234,8 +235,9 @@ def write_real_size_seed_header(path: Path, target_layers: list[int] | None = No
     infos, off = [], 0
     for name, shape in shapes.items():
         nb = name.encode()
+        ggml_type = 0 if len(shape) == 1 else 30       # F32 vectors, BF16 matrices
         infos.append(struct.pack("<Q", len(nb)) + nb + struct.pack("<I", len(shape))
-                     + b"".join(struct.pack("<Q", d) for d in shape) + struct.pack("<IQ", 0 if len(shape) == 1 else 30, off))
+                     + b"".join(struct.pack("<Q", d) for d in shape) + struct.pack("<IQ", ggml_type, off))
         n = 4 if len(shape) == 1 else 2   # converters keep vectors F32, the matrices are BF16
         for d in shape:
             n *= d

@@ -24,7 +24,8 @@ WHY = "the DFlash draft does not fit its target: "
 #: case -> (writer, config, what the refusal must say)
 CASES = {
     "tap-past-the-layers": ("mla", {"target_layers": [0, 3]},
-                            ["dflash.target_layers = [0, 3]: layer 3 is outside the target (kimi-k3), which has 2 layers"]),
+                            ["dflash.target_layers = [0, 3]: layer 3 is outside the target (kimi-k3), "
+                             "which has 2 layers"]),
     "tap-not-exposed": ("mla", {"target_layers": [0, 2]},
                         ["dflash.target_layers = [0, 2]: the target (kimi-k3) does not expose the input of layer 2 "
                          "(the output of its last layer)"]),

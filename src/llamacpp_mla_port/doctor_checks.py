@@ -40,7 +40,6 @@ KNOWN_TAPS = {
 K3_N_EMBD, K3_VOCAB, K3_TARGET_LAYERS, K3_BLOCK = 7168, 163840, 93, 7
 
 
-
 @dataclass
 class Finding:
     check: str
@@ -439,7 +438,9 @@ def check_loader_keys(ctx: Context) -> Iterable[Finding]:
     missing = [k for k in want if k["key"] not in ctx.draft.kvs]
     if missing:
         names = [k["key"] for k in missing]
-        yield Finding("loader_keys", ERROR, f"{len(missing)} keys llama.cpp requires are missing",
+        many = len(missing) > 1
+        yield Finding("loader_keys", ERROR, f"{len(missing)} key{'s' if many else ''} llama.cpp requires "
+                      f"{'are' if many else 'is'} missing",
                       f"{_short(names)}: the loader stops with \"key not found in model: {names[0]}\" "
                       f"(read in {missing[0]['in']})",
                       "reconvert with a current converter (it writes them from config.json)")
@@ -455,7 +456,8 @@ def check_tensor_types(ctx: Context) -> Iterable[Finding]:
     bad = [f"{t.name} ({t.type_name})" for t in ctx.draft.tensors.values()
            if (len(t.shape) <= rule["max_dims"] or t.name.endswith(rule["suffix"])) and t.type_name != "F32"]
     if bad:
-        yield Finding("tensor_types", ERROR, f"{len(bad)} vectors or norm weights are not F32",
+        yield Finding("tensor_types", ERROR, f"{len(bad)} vector or norm weight tensor{'s' if len(bad) > 1 else ''} "
+                      "not F32",
                       f"{_short(bad)}: llama.cpp's converter always writes 1-D tensors and *{rule['suffix']} as "
                       "F32 (\"most of the codebase that takes in 1D tensors or norms only handles F32\"); the CPU "
                       "backend aborts multiplying by an F16 norm", "reconvert (or requantize) with llama.cpp's tools")
@@ -764,8 +766,8 @@ def check_tokenizer(ctx: Context) -> Iterable[Finding]:
                         f"({', '.join(sorted(vocab['models']))}): \"unknown tokenizer\"")
     else:
         if spec["needs_merges"] and "tokenizer.ggml.merges" not in d.kvs and pre not in spec["merges_exempt_pre"]:
-            problems.append(f"a {model!r} tokenizer needs tokenizer.ggml.merges"
-                            + (f" (only pre {spec['merges_exempt_pre']} goes without)" if spec["merges_exempt_pre"] else "")
+            exempt = f" (only pre {spec['merges_exempt_pre']} goes without)" if spec["merges_exempt_pre"] else ""
+            problems.append(f"a {model!r} tokenizer needs tokenizer.ggml.merges{exempt}"
                             + ": \"cannot find tokenizer merges in model file\"")
         if spec["type"] == "BPE" and pre and pre not in vocab["bpe_pre"]:
             problems.append(f"tokenizer.ggml.pre {pre!r} is not a pre-tokenizer llama.cpp knows: "

@@ -294,7 +294,7 @@ def extract_keys(block: Block, kv_names: dict[str, str], arch: str, where: str,
                 if req in ("false", "0"):
                     continue                      # the doctor only needs what the loader insists on
                 out.append({"key": _key_name(args[0], kv_names, arch), "required": req,
-                             "conditions": list(conds), "in": where})
+                            "conditions": list(conds), "in": where})
     return out
 
 
@@ -338,8 +338,9 @@ def extract_vocab(src: str, kv_names: dict[str, str], path: str) -> dict:
         merges = "cannot find tokenizer merges" in inner
         exempt = re.findall(r'tokenizer_pre\s*==\s*"([^"]+)"\s*\)', inner) if merges else []
         for name in names:
-            models.setdefault(name, {}).update({"type": vtype.group(1) if vtype else None, "needs_merges": merges,
-                            "merges_exempt_pre": sorted(set(exempt))})
+            models.setdefault(name, {}).update({"type": vtype.group(1) if vtype else None,
+                                                "needs_merges": merges,
+                                                "merges_exempt_pre": sorted(set(exempt))})
     if not models or "unknown tokenizer" not in body:
         raise SourceError(f"{path}: no tokenizer model chain in llama_vocab::impl::load", "the loader moved")
     pre_at = body.find("unknown pre-tokenizer type")
@@ -381,7 +382,8 @@ def generate(tree: Path) -> dict[str, Any]:
     tensor_names = _name_map(arch_src, "LLM_TENSOR_NAMES", "LLM_TENSOR_", SOURCES[0])
     arch = arch_names["LLM_ARCH_DFLASH"]
 
-    generic = scan(function_body(model_src, "void llama_model_base::load_hparams(llama_model_loader & ml) {", SOURCES[1]))
+    generic = scan(function_body(model_src, "void llama_model_base::load_hparams(llama_model_loader & ml) {",
+                                 SOURCES[1]))
     mla = scan(function_body(dflash_src, "static void dflash_load_mla_hparams(", SOURCES[2]))
     dflash_hp = scan(function_body(dflash_src, "void llama_model_dflash::load_arch_hparams(llama_model_loader & ml) {",
                                    SOURCES[2]))
