@@ -262,7 +262,8 @@ def test_apply_failure_leaves_the_base_not_half_applied(opts):
     result = engine.patch(opts, log=lambda *_: None)
     tree = Path(result["tree"])
     from llamacpp_mla_port import series as series_mod
-    bad = opts.patches_dir / result["patches"][0]
+    bad = next(opts.patches_dir / name for name in result["patches"]
+               if "+        MODEL_TENSOR.ATTN_KV_A_MQA," in (opts.patches_dir / name).read_text())
     text = bad.read_text()
     bad.write_text(text.replace("+        MODEL_TENSOR.ATTN_KV_A_MQA,",
                                 "+        MODEL_TENSOR.ATTN_KV_A_MQA,\n-        no such line"))
