@@ -123,7 +123,8 @@ def write_qwen3_draft(path: Path, *, n_layer: int = 2, seed: int = 1, keep_embd:
     e, H, hd = d["n_embd"], d["n_head"], 8
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), "dflash")
-    for k, v in {"embedding_length": e, "block_count": n_layer, "feed_forward_length": d["n_ff"],
+    for k, v in {"context_length": 4096, "embedding_length": e, "block_count": n_layer,
+                 "feed_forward_length": d["n_ff"],
                  "attention.head_count": H, "attention.head_count_kv": 2, "attention.key_length": hd,
                  "attention.value_length": hd, "block_size": 7}.items():
         w.add_uint32(f"dflash.{k}", v)
@@ -193,7 +194,8 @@ def _finish(w: GGUFWriter) -> None:
 
 
 def write_real_size_seed_header(path: Path, target_layers: list[int] | None = None) -> Path:
-    """The seed card's file at its REAL size (72 BF16 tensors, 163840 tokens, ~4.78 GB), as a
+    """The seed card's file at its REAL size (72 tensors, BF16 matrices, F32 vectors, 163840 tokens,
+    ~4.78 GB), as a
     sparse file: the header is real, the tensor data is a hole. Only doctor's header path
     may read it in a fast test."""
     import struct
@@ -202,7 +204,8 @@ def write_real_size_seed_header(path: Path, target_layers: list[int] | None = No
     e, H, ql, kl, nope, rope, v, ff, nv, rank = 7168, 64, 1536, 512, 128, 64, 128, 14336, 163840, 256
     U, F, S, A = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRING, GGUFValueType.ARRAY
     kvs = [encode_kv("general.architecture", S, "dflash")]
-    for k, val, t in [("embedding_length", e, U), ("block_count", 5, U), ("feed_forward_length", ff, U),
+    for k, val, t in [("context_length", 1048576, U), ("embedding_length", e, U), ("block_count", 5, U),
+                      ("feed_forward_length", ff, U), ("attention.layer_norm_rms_epsilon", 1e-5, F),
                       ("attention.head_count", H, U), ("attention.head_count_kv", 1, U),
                       ("attention.key_length", kl + rope, U), ("attention.value_length", kl, U),
                       ("attention.key_length_mla", nope + rope, U), ("attention.value_length_mla", v, U),
@@ -214,6 +217,7 @@ def write_real_size_seed_header(path: Path, target_layers: list[int] | None = No
         kvs.append(encode_kv(f"dflash.{k}", t, val))
     kvs.append(encode_kv("dflash.target_layers", A, target_layers or [3, 4, 5, 6, 7, 8, 9], GGUFValueType.INT32))
     kvs.append(encode_kv("tokenizer.ggml.model", S, "gpt2"))
+    kvs.append(encode_kv("tokenizer.ggml.pre", S, "kimi-k2"))     # Kimi's BPE goes without merges
     kvs.append(encode_kv("tokenizer.ggml.tokens", A, [f"<|tok_{i}|>" for i in range(nv)], S))
     kvs.append(encode_kv("tokenizer.ggml.mask_token_id", U, 163837))
     shapes: dict[str, tuple[int, ...]] = {
@@ -231,9 +235,10 @@ def write_real_size_seed_header(path: Path, target_layers: list[int] | None = No
     infos, off = [], 0
     for name, shape in shapes.items():
         nb = name.encode()
+        ggml_type = 0 if len(shape) == 1 else 30       # F32 vectors, BF16 matrices
         infos.append(struct.pack("<Q", len(nb)) + nb + struct.pack("<I", len(shape))
-                     + b"".join(struct.pack("<Q", d) for d in shape) + struct.pack("<IQ", 30, off))
-        n = 2
+                     + b"".join(struct.pack("<Q", d) for d in shape) + struct.pack("<IQ", ggml_type, off))
+        n = 4 if len(shape) == 1 else 2   # converters keep vectors F32, the matrices are BF16
         for d in shape:
             n *= d
         off += n + (-n % 32)

@@ -272,7 +272,7 @@ def test_missing_file_is_a_clean_error(tmp_path, capsys):
 def test_real_size_seed_file_header_only(tmp_path, capsys):
     from doctor_gguf import write_real_size_seed_header
     seed = write_real_size_seed_header(tmp_path / "seed-real.gguf")
-    assert seed.stat().st_size == 4_779_314_496   # the card's "4.45 GB" (GiB)
+    assert seed.stat().st_size == 4_779_507_168   # the card's "4.45 GB" (GiB)
     code, rep = doctor(capsys, seed)
     assert code == 2
     tl = by_check(rep["findings"])["target_layers"][0]

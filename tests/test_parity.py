@@ -16,8 +16,11 @@ pytestmark = pytest.mark.build
 
 @pytest.fixture(scope="module")
 def target(llama_build, tmp_path_factory):
+    """The tiny Kimi-K3, deep enough for every config's taps (the draft is paired with it)."""
     from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-    return write_kimi_k3_target(llama_build, tmp_path_factory.mktemp("target") / "kimi-k3.gguf")
+    from llamacpp_mla_port.proof.targets import target_with_layers
+    d = tmp_path_factory.mktemp("target")
+    return target_with_layers(write_kimi_k3_target(llama_build, d / "kimi-k3.gguf"), d, parity.TARGET_LAYERS_NEEDED)
 
 
 @pytest.fixture(scope="module")

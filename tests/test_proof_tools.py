@@ -57,7 +57,9 @@ def test_draft_logits_verb_with_reference(patched_tree, llama_build, tmp_path, c
     from llamacpp_mla_port.proof import parity
     from llamacpp_mla_port.proof.reference import read_target_head
 
-    target = write_kimi_k3_target(llama_build, tmp_path / "target.gguf")
+    from llamacpp_mla_port.proof.targets import target_with_layers
+    target = target_with_layers(write_kimi_k3_target(llama_build, tmp_path / "target.gguf"), tmp_path,
+                                parity.TARGET_LAYERS_NEEDED)
     embd, _ = read_target_head(target)
     pcfg = parity.PARITY_CONFIGS[1]
     ckpt, draft = parity.make_draft(patched_tree, tmp_path, pcfg, embd.shape[1], embd.shape[0], "float32")

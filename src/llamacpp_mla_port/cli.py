@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "check": "fail (and print the drift) when patches/ differ from a fresh render",
     "build": "CMake build of the patched tree (only the targets the job and proof need)",
     "doctor": "diagnose (and repair) a K3 DSpark draft GGUF from its header and metadata",
+    "loader-table": "regenerate (or check) the doctor's table of what the loader requires",
     "fixtures": "write the tiny offline test models (checkpoints and GGUFs)",
     "draft-logits": "run the patched llama.cpp draft on given features and tokens, write .npy logits",
     "target-features": "dump the hidden states the patched Kimi-K3 target hands a draft",

@@ -4,21 +4,27 @@ Each check takes the `Context` (the validated header of the draft, optionally th
 target's, and the hyperparameters derived once) and returns zero or more `Finding`s:
 a verdict (ok / warning / error), the evidence read from the file, and the fix.
 
-Key and tensor names are spelled out: PyPI gguf 0.19 lags the pinned llama.cpp (no
-DFLASH constants). They follow the pinned tree (src/llama-arch.cpp,
-gguf-py/gguf/constants.py, conversion/qwen.py DSparkModel, src/models/dflash.cpp) and
-the MLA draft contract of this port (notes/gguf-contract.md, rendered into the series).
+What the loader insists on (the keys it reads as required, the tensors it creates, the
+tokenizer models and which of them need merges, the per-token arrays, the rope scaling
+types) comes from the loader itself: `loader_table` reads it from the patched tree's
+sources into data/loader_table.json, and the checks below read that table. CONDITIONS says
+how the doctor reads each `if` of the loader that the table carries. The rest are the
+doctor's own semantic checks (wrong taps, YaRN, the Kimi-K3 specifics), which the runtime
+cannot see; tests/test_differential.py lists where they make the doctor stricter.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import numpy as np
 from gguf.constants import GGUFValueType
 
+from llamacpp_mla_port import loader_table
 from llamacpp_mla_port.gguf_safe import GGUFHeader, tensor_rows
 
 OK, WARNING, ERROR = "ok", "warning", "error"
@@ -32,18 +38,6 @@ KNOWN_TAPS = {
     "RadixArk Kimi-K3 DSpark (Qwen3-style)": [7, 23, 51, 67, 83],
 }
 K3_N_EMBD, K3_VOCAB, K3_TARGET_LAYERS, K3_BLOCK = 7168, 163840, 93, 7
-
-MLA_LAYER = ("attn_norm", "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa",
-             "attn_kv_a_norm", "attn_k_b", "attn_v_b", "attn_output",
-             "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-QWEN3_LAYER = ("attn_norm", "attn_q", "attn_k", "attn_output", "attn_q_norm", "attn_k_norm",
-               "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-QWEN3_LAYER_OPTIONAL = ("attn_v", "post_attention_norm", "post_ffw_norm", "layer_output_scale",
-                        "rope_freqs", "attn_sinks")
-GLOBAL_REQUIRED = ("fc.weight", "enc.output_norm.weight", "output_norm.weight")
-MARKOV = ("markov_w1.weight", "markov_w2.weight")
-CONFIDENCE = ("conf_proj.weight", "conf_proj.bias")
-GLOBAL_OPTIONAL = ("token_embd.weight", "output.weight", "d2t", "fc.scale", "markov_w2.scale")
 
 
 @dataclass
@@ -98,6 +92,109 @@ def _vocab_size(h: GGUFHeader, arch: str | None) -> tuple[int | None, str]:
         if s is not None and len(s) == 2:
             return s[1], f"{name} ne1"
     return None, "no tokenizer, vocab_size key or vocabulary-sized tensor"
+
+
+# --- the loader table -------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def loader() -> dict[str, Any]:
+    """What the patched loader requires (data/loader_table.json, see loader_table.py)."""
+    return loader_table.load()
+
+
+def _yarn_scaled(c: "Context") -> bool:
+    factor = _num(c.draft, key("rope.scaling.factor"))
+    return c.draft.get(key("rope.scaling.type")) == "yarn" and factor is not None and factor > 1.0
+
+
+def _positive(c: "Context", name: str) -> bool:
+    return (_int(c.draft, key(name)) or 0) > 0
+
+
+#: How the doctor reads each C++ condition the loader table carries (text -> predicate on the
+#: draft). `!(...)` and `arch == LLM_ARCH_X` are read generically; a condition the table holds
+#: and this does not know fails tests/test_loader_table.py.
+CONDITIONS: dict[str, Callable[["Context"], bool]] = {
+    "hparams.vocab_only || ml.get_arch() == LLM_ARCH_CLIP": lambda c: False,
+    "hparams.dsv4_hc_mult > 0": lambda c: _positive(c, "hyper_connection.count"),
+    "hparams.n_embd_head_k_mla_impl > 0 || hparams.n_embd_head_v_mla_impl > 0":
+        lambda c: _positive(c, "attention.key_length_mla") or _positive(c, "attention.value_length_mla"),
+    "hparams.is_mla()":
+        lambda c: _positive(c, "attention.key_length_mla") and _positive(c, "attention.value_length_mla"),
+    "ml.get_key(LLM_KV_ATTENTION_SLIDING_WINDOW, hparams.n_swa, false) && hparams.n_swa > 0":
+        lambda c: _positive(c, "attention.sliding_window"),
+    "d2t_meta": lambda c: "d2t" in c.draft.tensors,
+    "markov_meta": lambda c: "markov_w1.weight" in c.draft.tensors,
+    "selector_meta": lambda c: "selector_hidden.weight" in c.draft.tensors,
+    # a `required` argument that is an expression: DeepSeek-YaRN needs the log multiplier
+    "yarn && hparams.rope_freq_scale_train < 1.0f": _yarn_scaled,
+}
+
+
+def _negated(cond: str) -> str | None:
+    """X for a condition `!(X)` whose parenthesis closes at the end, else None."""
+    if not (cond.startswith("!(") and cond.endswith(")")):
+        return None
+    depth = 0
+    for i, ch in enumerate(cond[1:], 1):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and i != len(cond) - 1:
+            return None
+    return cond[2:-1]
+
+
+def known_condition(cond: str) -> bool:
+    cond = cond.strip()
+    if cond in ("true", "false"):
+        return True
+    inner = _negated(cond)
+    if inner is not None:
+        return known_condition(inner)
+    return bool(re.fullmatch(r"(?:arch|ml\.get_arch\(\)) == LLM_ARCH_\w+", cond)) or cond in CONDITIONS
+
+
+def holds(cond: str, ctx: "Context") -> bool:
+    """Whether a loader condition is true for this draft (an unknown one is assumed true)."""
+    cond = cond.strip()
+    if cond in ("true", "false"):
+        return cond == "true"
+    inner = _negated(cond)
+    if inner is not None:
+        return not holds(inner, ctx)
+    m = re.fullmatch(r"(?:arch|ml\.get_arch\(\)) == LLM_ARCH_(\w+)", cond)
+    if m:
+        return m.group(1).lower() == loader()["arch"]
+    fn = CONDITIONS.get(cond)
+    return True if fn is None else fn(ctx)
+
+
+def loader_required_keys(ctx: "Context") -> list[dict]:
+    """The table's keys the loader reads as required for this draft (conditions and all)."""
+    seen, out = set(), []
+    for k in loader()["keys"]:
+        if k["key"] in seen or not holds(k["required"], ctx):
+            continue
+        if all(holds(c, ctx) for c in k["conditions"]):
+            seen.add(k["key"])
+            out.append(k)
+    return out
+
+
+def loader_tensors(ctx: "Context") -> tuple[list[str], set[str]]:
+    """(required names in load order, optional names) the loader creates for this draft."""
+    n_layer = _layers_to_check(ctx)
+    required: list[str] = []
+    optional: set[str] = set()
+    for t in loader()["tensors"]:
+        if not all(holds(c, ctx) for c in t["conditions"]):
+            continue
+        names = [t["name"].format(i=i) for i in range(n_layer)] if t["per_layer"] else [t["name"]]
+        if t["required"]:
+            required += [n for n in names if n not in required]
+        else:
+            optional.update(names)
+    return required, optional
 
 
 def detect(ctx: Context) -> None:
@@ -236,8 +333,10 @@ def expected_tensors(ctx: Context) -> dict[str, tuple[int, ...] | None]:
                 p + "ffn_down.weight": s(n_ff, n_embd),
             })
     elif ctx.layout == "qwen3":
-        head_dim = hp["attention.key_length"] or (n_embd // n_head if n_embd and n_head and n_head > 0 else None)
-        n_kv = hp["attention.head_count_kv"] or n_head
+        # llama.cpp's defaults when a key is absent (llama_model_base::load_hparams); a 0 stays 0
+        default_head = n_embd // n_head if n_embd and n_head and n_head > 0 else None
+        head_dim = hp["attention.key_length"] if hp["attention.key_length"] is not None else default_head
+        n_kv = hp["attention.head_count_kv"] if hp["attention.head_count_kv"] is not None else n_head
         for i in range(n_layer):
             p = f"blk.{i}."
             exp.update({
@@ -255,13 +354,18 @@ def expected_tensors(ctx: Context) -> dict[str, tuple[int, ...] | None]:
     return exp
 
 
-def _optional_names(ctx: Context) -> set[str]:
-    names = set(GLOBAL_OPTIONAL)
-    if ctx.layout == "qwen3":
-        for i in range(_layers_to_check(ctx)):
-            names |= {f"blk.{i}.{t}.weight" for t in QWEN3_LAYER_OPTIONAL}
-            names |= {f"blk.{i}.attn_v.weight", "rope_freqs.weight"}
-    return names
+def optional_shapes(ctx: Context) -> dict[str, tuple[int, ...] | None]:
+    """Tensors the loader takes when present, with the shape it then insists on."""
+    hp = ctx.hp
+    if ctx.layout != "qwen3":
+        return {}
+    n_embd, n_head = hp["embedding_length"], hp["attention.head_count"]
+    default_head = n_embd // n_head if n_embd and n_head and n_head > 0 else None
+    head_v = hp["attention.value_length"] if hp["attention.value_length"] is not None else default_head
+    n_kv = hp["attention.head_count_kv"] if hp["attention.head_count_kv"] is not None else n_head
+    width = None if head_v is None or n_kv is None else head_v * n_kv
+    return {f"blk.{i}.attn_v.weight": None if n_embd is None or width is None else (n_embd, width)
+            for i in range(_layers_to_check(ctx))}
 
 
 def _short(names: list[str], n: int = 8) -> str:
@@ -278,10 +382,13 @@ def check_tensors(ctx: Context) -> Iterable[Finding]:
                           f"{key(k)} = {d.get(key(k))!r}: llama.cpp reads it to size every tensor",
                           "reconvert: the converter writes it from config.json")
     exp = expected_tensors(ctx)
+    loader_required, loader_optional = loader_tensors(ctx)
+    # the loader's tensors, plus what this port's layout needs on top (the K3 DSpark heads)
+    required = loader_required + [n for n in exp if n not in loader_required]
     present = set(d.tensors)
-    missing = [n for n in exp if n not in present]
-    unknown = sorted(present - set(exp) - _optional_names(ctx))
-    count = f"{len(present)} tensors ({len(exp)} required for this layout)"
+    missing = [n for n in required if n not in present]
+    unknown = sorted(present - set(required) - loader_optional)
+    count = f"{len(present)} tensors ({len(required)} required for this layout)"
     if missing:
         yield Finding("tensors", ERROR, f"{len(missing)} required tensors missing",
                       f"{count}; missing: {_short(missing)}. llama.cpp stops at the first one",
@@ -307,7 +414,7 @@ def check_shapes(ctx: Context) -> Iterable[Finding]:
     if ctx.layout not in ("mla", "qwen3"):
         return
     bad = []
-    for name, want in expected_tensors(ctx).items():
+    for name, want in {**expected_tensors(ctx), **optional_shapes(ctx)}.items():
         got = _shape(ctx.draft, name)
         if got is None or want is None:
             continue
@@ -322,6 +429,40 @@ def check_shapes(ctx: Context) -> Iterable[Finding]:
                       f"n_embd {ctx.hp['embedding_length']}, n_ff {ctx.hp['feed_forward_length']}, "
                       f"heads {ctx.hp['attention.head_count']}, markov rank {ctx.hp['markov_rank']}, "
                       f"vocab {ctx.hp['n_vocab']} ({ctx.hp['n_vocab_source']})")
+
+
+def check_loader_keys(ctx: Context) -> Iterable[Finding]:
+    if ctx.layout == "not-a-draft":
+        return
+    want = loader_required_keys(ctx)
+    missing = [k for k in want if k["key"] not in ctx.draft.kvs]
+    if missing:
+        names = [k["key"] for k in missing]
+        many = len(missing) > 1
+        yield Finding("loader_keys", ERROR, f"{len(missing)} key{'s' if many else ''} llama.cpp requires "
+                      f"{'are' if many else 'is'} missing",
+                      f"{_short(names)}: the loader stops with \"key not found in model: {names[0]}\" "
+                      f"(read in {missing[0]['in']})",
+                      "reconvert with a current converter (it writes them from config.json)")
+    else:
+        yield Finding("loader_keys", OK, f"the {len(want)} keys llama.cpp requires are present",
+                      ", ".join(k["key"] for k in want))
+
+
+def check_tensor_types(ctx: Context) -> Iterable[Finding]:
+    if ctx.layout == "not-a-draft":
+        return
+    rule = loader()["f32_only"]
+    bad = [f"{t.name} ({t.type_name})" for t in ctx.draft.tensors.values()
+           if (len(t.shape) <= rule["max_dims"] or t.name.endswith(rule["suffix"])) and t.type_name != "F32"]
+    if bad:
+        yield Finding("tensor_types", ERROR, f"{len(bad)} vector or norm weight tensor{'s' if len(bad) > 1 else ''} "
+                      "not F32",
+                      f"{_short(bad)}: llama.cpp's converter always writes 1-D tensors and *{rule['suffix']} as "
+                      "F32 (\"most of the codebase that takes in 1D tensors or norms only handles F32\"); the CPU "
+                      "backend aborts multiplying by an F16 norm", "reconvert (or requantize) with llama.cpp's tools")
+    else:
+        yield Finding("tensor_types", OK, "vectors and norm weights are F32", f"rule: {rule}")
 
 
 def check_mla_dims(ctx: Context) -> Iterable[Finding]:
@@ -490,10 +631,27 @@ def check_mask_token(ctx: Context) -> Iterable[Finding]:
 
 def check_rope(ctx: Context) -> Iterable[Finding]:
     d, hp = ctx.draft, ctx.hp
+    stype = d.get(key("rope.scaling.type"))
+    if stype is not None and stype not in loader()["rope_scaling_types"]:
+        yield Finding("rope", ERROR, f"rope.scaling.type = {stype!r} is not a type llama.cpp knows",
+                      f"llama.cpp knows {loader()['rope_scaling_types']} and aborts on anything else "
+                      "(GGML_ASSERT in llama_model_base::load_hparams)", "reconvert; YaRN drafts write 'yarn'")
+        return
     if ctx.layout == "qwen3":
+        n_rot = hp["rope.dimension_count"]
+        head = hp["attention.key_length"]
+        if head is None and hp["embedding_length"] and hp["attention.head_count"]:
+            head = hp["embedding_length"] // hp["attention.head_count"]
+        n_rot = head if n_rot is None else n_rot
+        if n_rot is None or head is None or not (0 < n_rot <= head and n_rot % 2 == 0):
+            yield Finding("rope", ERROR, f"rope.dimension_count = {n_rot} does not fit the head ({head})",
+                          "the rotated dimensions must be even and 1..key_length; the upstream DFlash path "
+                          "does not check and aborts (GGML_ASSERT in ggml_rope) or hangs at the first decode",
+                          "reconvert: rope.dimension_count is the head dimension for Qwen3-style drafts")
+            return
         yield Finding("rope", OK, "RoPE: NeoX rotation (upstream DFlash default)",
                       f"rope.freq_base = {d.get(key('rope.freq_base'))}, scaling "
-                      f"{d.get(key('rope.scaling.type'), 'none')}")
+                      f"{d.get(key('rope.scaling.type'), 'none')}, {n_rot} of {head} dimensions rotated")
         return
     if ctx.layout != "mla":
         return
@@ -501,7 +659,6 @@ def check_rope(ctx: Context) -> Iterable[Finding]:
     base = _num(d, key("rope.freq_base"))
     if base is None:
         warnings.append("rope.freq_base missing (llama.cpp falls back to 10000; Kimi-K3-DSpark uses 50000)")
-    stype = d.get(key("rope.scaling.type"))
     factor = _num(d, key("rope.scaling.factor"))
     logmul = _num(d, key("rope.scaling.yarn_log_multiplier"))
     orig = _int(d, key("rope.scaling.original_context_length"))
@@ -599,6 +756,31 @@ def check_tokenizer(ctx: Context) -> Iterable[Finding]:
                       "the draft and reads the mask id from it",
                       "reconvert with --target-model-dir pointing at the target (tokenizer inheritance)")
         return
+    vocab = loader()["vocab"]
+    spec = vocab["models"].get(model) if isinstance(model, str) else None
+    pre = d.get("tokenizer.ggml.pre")
+    pre = pre if isinstance(pre, str) else None
+    problems = []
+    if spec is None:
+        problems.append(f"tokenizer.ggml.model {model!r} is not one llama.cpp knows "
+                        f"({', '.join(sorted(vocab['models']))}): \"unknown tokenizer\"")
+    else:
+        if spec["needs_merges"] and "tokenizer.ggml.merges" not in d.kvs and pre not in spec["merges_exempt_pre"]:
+            exempt = f" (only pre {spec['merges_exempt_pre']} goes without)" if spec["merges_exempt_pre"] else ""
+            problems.append(f"a {model!r} tokenizer needs tokenizer.ggml.merges{exempt}"
+                            + ": \"cannot find tokenizer merges in model file\"")
+        if spec["type"] == "BPE" and pre and pre not in vocab["bpe_pre"]:
+            problems.append(f"tokenizer.ggml.pre {pre!r} is not a pre-tokenizer llama.cpp knows: "
+                            "\"unknown pre-tokenizer type\"")
+    for arr in vocab["per_token_arrays"]:
+        kv = d.kvs.get(arr)
+        if kv is not None and isinstance(kv.value, list) and len(kv.value) < len(tokens.value):
+            problems.append(f"{arr} has {len(kv.value)} entries for {len(tokens.value)} tokens: "
+                            "\"Index out of array bounds\"")
+    if problems:
+        yield Finding("tokenizer", ERROR, "the vocabulary loader refuses this tokenizer", "; ".join(problems),
+                      "reconvert with --target-model-dir pointing at the target (tokenizer inheritance)")
+        return
     w1 = _shape(d, "markov_w1.weight")
     if w1 and len(w1) == 2 and w1[1] != len(tokens.value):
         yield Finding("tokenizer", ERROR, "vocabulary size disagrees with the Markov head",
@@ -632,10 +814,18 @@ def check_target(ctx: Context) -> Iterable[Finding]:
         yield Finding("target_n_embd", OK, f"n_embd {t_embd} on both sides",
                       f"feature rows are n_taps x {t_embd} floats")
     t_vocab, t_src = _vocab_size(t, tarch)
-    if t_vocab != hp["n_vocab"]:
-        yield Finding("target_vocab", ERROR, "vocabulary size differs",
-                      f"draft {hp['n_vocab']} ({hp['n_vocab_source']}), target {t_vocab} ({t_src}); "
-                      "llama.cpp never compares them and runs a wrong pairing without a word",
+    sizes = f"draft {hp['n_vocab']} ({hp['n_vocab_source']}), target {t_vocab} ({t_src})"
+    if t_vocab is None or hp["n_vocab"] is None or hp["n_vocab"] > t_vocab:
+        yield Finding("target_vocab", ERROR, "the draft's vocabulary is not inside the target's",
+                      f"{sizes}; the draft would propose tokens the target does not have: llama.cpp "
+                      "refuses the pair", "use the draft converted for this target")
+    elif hp["n_vocab"] < t_vocab and "token_embd.weight" in d.tensors:
+        yield Finding("target_vocab", ERROR, "the draft's token table does not cover the target's ids",
+                      f"{sizes}; the target's token ids index the draft's own token_embd: llama.cpp "
+                      "refuses the pair", "use the draft converted for this target")
+    elif hp["n_vocab"] < t_vocab:
+        yield Finding("target_vocab", WARNING, "the draft's vocabulary is smaller than the target's",
+                      f"{sizes}; the draft never proposes the target's ids above {hp['n_vocab'] - 1}",
                       "use the draft converted for this target")
     else:
         yield Finding("target_vocab", OK, f"vocabulary {t_vocab} on both sides", f"{t_src}")
@@ -715,8 +905,10 @@ def _embedding_distance(ctx: Context) -> Iterable[Finding]:
 
 CHECKS: list[tuple[str, Callable[[Context], Iterable[Finding]]]] = [
     ("arch", check_arch),
+    ("loader_keys", check_loader_keys),
     ("tensors", check_tensors),
     ("shapes", check_shapes),
+    ("tensor_types", check_tensor_types),
     ("mla_dims", check_mla_dims),
     ("target_layers", check_target_layers),
     ("block_size", check_block_size),

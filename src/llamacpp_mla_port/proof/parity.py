@@ -71,6 +71,10 @@ PARITY_CONFIGS: tuple[ParityConfig, ...] = (
 )
 
 
+#: target layers every parity config's taps need (HF ids + 1 must be inputs of real layers)
+TARGET_LAYERS_NEEDED = max(max(c.overrides["target_layer_ids"]) + 2 for c in PARITY_CONFIGS)
+
+
 @dataclass(frozen=True)
 class Mode:
     name: str

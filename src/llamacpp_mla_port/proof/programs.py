@@ -19,7 +19,7 @@ from pathlib import Path
 from llamacpp_mla_port.errors import BuildError
 
 CPP_DIR = Path(__file__).parent / "cpp"
-PROGRAMS = ("draft-logits", "target-features", "draft-bench", "ggml-floor")
+PROGRAMS = ("draft-logits", "target-features", "draft-bench", "ggml-floor", "load-check")
 
 
 def _cache_root() -> Path:

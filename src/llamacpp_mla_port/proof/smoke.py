@@ -97,8 +97,10 @@ def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | 
         from llamacpp_mla_port.proof.reference import read_target_head
         embd, _ = read_target_head(target)
         vocab, hidden = embd.shape
+        from llamacpp_mla_port.proof.targets import target_with_layers
         parity = _stage(report, "parity", lambda: run_parity(
-            tree, build, work / "parity", lambda h, v, n: target, hidden, vocab, threads=threads, log=_log))
+            tree, build, work / "parity", lambda h, v, n: target_with_layers(target, work / "parity", n),
+            hidden, vocab, threads=threads, log=_log))
         if parity is not None:
             report["parity"] = {
                 name: {"modes": {m: {"worst_nmse": e["worst_nmse"], "threshold": e["threshold"],

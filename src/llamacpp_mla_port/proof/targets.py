@@ -9,6 +9,10 @@ attention of layer 1; layers >= 1 take layer 1's MoE FFN, layer 0 stays dense) a
 small residual block size, so the prefix stream restarts inside the model.
 
     write_deep_kimi_k3_target(base_gguf, out_path, layer_types="MKKMKK", attn_res_block_size=2) -> Path
+    target_with_layers(base_gguf, out_dir, n_layer) -> Path
+        the base when it has n_layer layers or more, else a deeper copy ("M" then "K"s): a draft
+        context is paired with its target when it is created, so every tap must be a layer the
+        target exposes, even where the target only lends its embeddings and lm_head
 
 Every tensor is a verbatim copy of a base tensor (the layers differ by their inputs only);
 per-layer metadata arrays (head counts, recurrent flags, clamps) are rebuilt for N layers.
@@ -27,6 +31,15 @@ ARCH = "kimi-k3"
 
 def _is_ffn(name: str) -> bool:
     return name.startswith(("ffn_", "exp_probs_b")) and not name.startswith("ffn_res_score")
+
+
+def target_with_layers(base_gguf: Path, out_dir: Path, n_layer: int) -> Path:
+    from llamacpp_mla_port.fixtures.target import kimi_k3_target_n_layer
+
+    if n_layer <= kimi_k3_target_n_layer:
+        return Path(base_gguf)
+    return write_deep_kimi_k3_target(base_gguf, Path(out_dir) / f"kimi-k3-{n_layer}-layers.gguf",
+                                     "M" + "K" * (n_layer - 1))
 
 
 def write_deep_kimi_k3_target(base_gguf: Path, out_path: Path, layer_types: str = "MKKMKK",

@@ -1,0 +1,254 @@
+// load-check: does the patched llama.cpp accept each of many DFlash/DSpark draft GGUFs
+// against one target? The loader side of the doctor's differential test.
+//
+// For every draft it does what llama-speculative-simple --spec-type draft-dspark does up to
+// and including one drafting step, through the public API:
+//   1. load the draft model;
+//   2. create a fresh target context and the draft context with ctx_other = target context
+//      (where the pairing is checked);
+//   3. read the DFlash metadata the speculative driver reads (block size, anchor layout,
+//      causality), switch the target's layer-input extraction on for the taps, the draft to
+//      non-causal attention and nextn (confidence) outputs;
+//   4. decode a short prompt on the target, inject its layer inputs into the draft as feature
+//      rows, decode one block [anchor, MASK...] and read every row's logits.
+//
+// Protocol (stdout, one line each, flushed):  BEGIN <i>  then  END <i> <accepted|refused> <stage> <message>
+// A draft that aborts the process leaves a BEGIN without END: the caller records the abort and
+// restarts the program on the remaining drafts. A draft that takes longer than --seconds
+// (default 30) is ended by SIGALRM the same way: a hang counts as a refusal too. llama.cpp's ERROR log lines of the current
+// draft are the message of a refusal.
+#include "llama.h"
+#include "llama-ext.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+static std::string g_errors;   // llama.cpp ERROR lines of the current draft
+
+static void log_cb(ggml_log_level level, const char * text, void * /*user*/) {
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        g_errors += text;
+    }
+}
+
+static std::string one_line(std::string s) {
+    for (char & c : s) {
+        if (c == '\n' || c == '\t' || c == '\r') {
+            c = ' ';
+        }
+    }
+    return s.size() > 600 ? s.substr(0, 600) : s;
+}
+
+static void emit(size_t i, bool ok, const char * stage, const std::string & msg) {
+    std::printf("END\t%zu\t%s\t%s\t%s\n", i, ok ? "accepted" : "refused", stage, one_line(msg).c_str());
+    std::fflush(stdout);
+}
+
+static std::string meta_str(const llama_model * model, const char * key, const char * fallback = "") {
+    char buf[64] = {};
+    return llama_model_meta_val_str(model, key, buf, sizeof(buf)) >= 0 ? std::string(buf) : std::string(fallback);
+}
+
+struct ctx_guard {
+    llama_context * ctx = nullptr;
+    ~ctx_guard() { if (ctx) llama_free(ctx); }
+};
+
+// returns the stage that failed ("" when the draft was accepted)
+static const char * check_draft(const std::string & path, llama_model * model_tgt, int threads, std::string & why) {
+    llama_model_params mparams = llama_model_default_params();
+    mparams.n_gpu_layers = 0;
+    llama_model * model_dft = llama_model_load_from_file(path.c_str(), mparams);
+    if (!model_dft) {
+        why = "llama_model_load_from_file failed";
+        return "load";
+    }
+    struct model_guard { llama_model * m; ~model_guard() { llama_model_free(m); } } mg{model_dft};
+
+    if (meta_str(model_dft, "general.architecture") != "dflash" || llama_model_target_layer_ids_n(model_dft) == 0) {
+        why = "not a DFlash draft with target_layers (architecture '" + meta_str(model_dft, "general.architecture") + "')";
+        return "spec";
+    }
+
+    const int32_t n_ctx = 256;
+    llama_context_params cp_tgt = llama_context_default_params();
+    cp_tgt.n_ctx = n_ctx;
+    cp_tgt.n_batch = cp_tgt.n_ubatch = n_ctx;
+    cp_tgt.n_seq_max = 1;
+    cp_tgt.n_threads = cp_tgt.n_threads_batch = threads;
+    ctx_guard tgt{llama_init_from_model(model_tgt, cp_tgt)};
+    if (!tgt.ctx) {
+        why = "cannot create the target context";
+        return "target";
+    }
+
+    llama_context_params cp = cp_tgt;   // the speculative driver copies the target's parameters
+    cp.ctx_other = tgt.ctx;
+    ctx_guard dft{llama_init_from_model(model_dft, cp)};
+    if (!dft.ctx) {
+        why = "cannot create the draft context";
+        return "context";
+    }
+
+    // what common_speculative_impl_draft_dflash reads and sets
+    int32_t block_size = std::atoi(meta_str(model_dft, "dflash.block_size", "16").c_str());
+    const bool anchor_first = meta_str(model_dft, "dflash.sample_from_anchor", "true") == "true";
+    const bool causal = meta_str(model_dft, "dflash.attention.causal", "false") == "true";
+    const bool dflash2 = llama_model_dflash_selector_top_k(model_dft) > 0;
+    const int32_t n_draft = std::max(0, std::min<int32_t>(3, anchor_first ? block_size : block_size - 1));
+    const llama_token mask = llama_vocab_mask(llama_model_get_vocab(model_dft));
+
+    const int32_t * taps = llama_model_target_layer_ids(model_dft);
+    const uint32_t n_taps = llama_model_target_layer_ids_n(model_dft);
+    for (uint32_t k = 0; k < n_taps; ++k) {
+        llama_set_embeddings_layer_inp(tgt.ctx, (uint32_t) taps[k], true);
+    }
+    llama_set_embeddings_nextn(dft.ctx, true, !dflash2);
+    llama_set_causal_attn(dft.ctx, causal);
+
+    // target prompt: a few token ids, every row an output
+    const int32_t n_prompt = 6;
+    const int32_t n_vocab_tgt = llama_vocab_n_tokens(llama_model_get_vocab(model_tgt));
+    llama_batch batch = llama_batch_init(n_prompt, 0, 1);
+    for (int32_t i = 0; i < n_prompt; ++i) {
+        batch.token[i] = (i * 7 + 1) % n_vocab_tgt;
+        batch.pos[i] = i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i] = true;
+    }
+    batch.n_tokens = n_prompt;
+    const int32_t rc_tgt = llama_decode(tgt.ctx, batch);
+    llama_batch_free(batch);
+    if (rc_tgt != 0) {
+        why = "target decode failed, rc " + std::to_string(rc_tgt);
+        return "target";
+    }
+    const float * last = llama_get_logits_ith(tgt.ctx, n_prompt - 1);
+    const llama_token anchor = (llama_token) (std::max_element(last, last + n_vocab_tgt) - last);
+
+    // features: [taps x target n_embd] per prompt token
+    const int32_t n_embd_tgt = llama_model_n_embd(model_tgt);
+    const size_t width = (size_t) n_taps * n_embd_tgt;
+    std::vector<float> feats((size_t) n_prompt * width);
+    for (uint32_t k = 0; k < n_taps; ++k) {
+        const float * layer = llama_get_embeddings_layer_inp(tgt.ctx, (uint32_t) taps[k]);
+        if (!layer) {
+            why = "target layer input " + std::to_string(taps[k]) + " was not extracted";
+            return "features";
+        }
+        for (int32_t i = 0; i < n_prompt; ++i) {
+            std::memcpy(feats.data() + i * width + k * n_embd_tgt, layer + (size_t) i * n_embd_tgt, sizeof(float) * n_embd_tgt);
+        }
+    }
+
+    llama_batch_ext * bx = llama_batch_ext_init(dft.ctx);
+    struct batch_guard { llama_batch_ext * b; ~batch_guard() { llama_batch_ext_free(b); } } bg{bx};
+    for (int32_t i = 0; i < n_prompt; ++i) {
+        const llama_pos pos[4] = { i, i, i, 0 };
+        const llama_embd row = { feats.data() + i * width, 1, width };
+        const int32_t idx = llama_batch_ext_add_embd(bx, 0, row);
+        if (idx < 0 || !llama_batch_ext_set_pos(bx, idx, pos) || !llama_batch_ext_set_output_embd(bx, idx, false)) {
+            why = "cannot add feature row " + std::to_string(i) + " (rc " + std::to_string(idx) + ")";
+            return "inject";
+        }
+    }
+    const int32_t rc_inj = llama_process(dft.ctx, LLAMA_PROCESS_TYPE_DECODE, bx);
+    if (rc_inj != 0) {
+        why = "feature injection failed, rc " + std::to_string(rc_inj);
+        return "inject";
+    }
+    if (n_draft == 0) {
+        return "";   // the driver clamps the draft to nothing: it runs, drafting no token
+    }
+
+    llama_batch_ext_clear(bx);
+    for (int32_t i = 0; i < n_draft; ++i) {
+        const llama_pos p = n_prompt + i;
+        const int32_t idx = llama_batch_ext_add_token(bx, 0, i == 0 ? anchor : mask);
+        if (idx < 0 || !llama_batch_ext_set_pos(bx, idx, &p) || !llama_batch_ext_set_output_logits(bx, idx, !dflash2)) {
+            why = "cannot add block token " + std::to_string(i == 0 ? anchor : mask) + " (rc " + std::to_string(idx) + ")";
+            return "block";
+        }
+    }
+    const int32_t rc_blk = llama_process(dft.ctx, LLAMA_PROCESS_TYPE_DECODE, bx);
+    if (rc_blk != 0) {
+        why = "block decode failed, rc " + std::to_string(rc_blk);
+        return "block";
+    }
+    for (int32_t i = 0; i < n_draft && !dflash2; ++i) {
+        if (!llama_get_logits_ith(dft.ctx, i)) {
+            why = "no logits for block row " + std::to_string(i);
+            return "block";
+        }
+    }
+    return "";
+}
+
+int main(int argc, char ** argv) {
+    std::string target, list;
+    int threads = 1;
+    unsigned seconds = 30;
+    for (int i = 1; i < argc; ++i) {
+        const std::string k = argv[i];
+        if (k == "--target" && i + 1 < argc) {
+            target = argv[++i];
+        } else if (k == "--list" && i + 1 < argc) {
+            list = argv[++i];
+        } else if (k == "--threads" && i + 1 < argc) {
+            threads = std::atoi(argv[++i]);
+        } else if (k == "--seconds" && i + 1 < argc) {
+            seconds = (unsigned) std::atoi(argv[++i]);
+        } else {
+            std::fprintf(stderr, "usage: load-check --target T.gguf --list DRAFTS.txt [--threads N] [--seconds S]\n");
+            return 2;
+        }
+    }
+    if (target.empty() || list.empty()) {
+        std::fprintf(stderr, "usage: load-check --target T.gguf --list DRAFTS.txt [--threads N] [--seconds S]\n");
+        return 2;
+    }
+    std::vector<std::string> drafts;
+    {
+        std::ifstream in(list);
+        for (std::string line; std::getline(in, line);) {
+            if (!line.empty()) {
+                drafts.push_back(line);
+            }
+        }
+    }
+
+    llama_log_set(log_cb, nullptr);
+    llama_backend_init();
+    llama_model_params mparams = llama_model_default_params();
+    mparams.n_gpu_layers = 0;
+    llama_model * model_tgt = llama_model_load_from_file(target.c_str(), mparams);
+    if (!model_tgt) {
+        std::fprintf(stderr, "load-check: cannot load the target %s:\n%s\n", target.c_str(), g_errors.c_str());
+        return 2;
+    }
+
+    for (size_t i = 0; i < drafts.size(); ++i) {
+        std::printf("BEGIN\t%zu\n", i);
+        std::fflush(stdout);
+        g_errors.clear();
+        std::string why;
+        alarm(seconds);
+        const char * stage = check_draft(drafts[i], model_tgt, threads, why);
+        alarm(0);
+        const bool ok = stage[0] == '\0';
+        emit(i, ok, ok ? "-" : stage, ok ? "" : (g_errors.empty() ? why : g_errors + " | " + why));
+    }
+
+    llama_model_free(model_tgt);
+    llama_backend_free();
+    return 0;
+}
