@@ -11,19 +11,22 @@ STAMP  := $(VENV)/.installed
 
 # Pass-through knobs (see README):
 #   PATCH_ARGS="--source sdist"  or  PATCH_ARGS="--git-url ~/src/llama.cpp"
-#   BUILD_ARGS="--cmake-arg -DGGML_CUDA=ON"
+#   BUILD_ARGS="--cmake-arg=-DGGML_CUDA=ON"
 #   PYTEST_ARGS="-k engine -x"
+#   PARITY_BUILD=work/build-portable   (make parity: the build to run the parity matrix on)
 PATCH_ARGS ?=
 BUILD_ARGS ?=
 PYTEST_ARGS ?=
+PARITY_BUILD ?= work/build
 
-.PHONY: help venv patch check build smoke test test-slow pr bench clean-work clean
+.PHONY: help venv patch check build smoke parity test test-slow pr bench clean-work clean
 
 help:
 	@echo "make patch       pinned llama.cpp + the series applied in ./work/llama.cpp; patches/ exported"
 	@echo "make build       CMake build of the patched tree in ./work/build (after make patch)"
 	@echo "make check       fail when patches/ drift from a fresh render of templates/"
 	@echo "make smoke       build, make fixtures, parity + lossless proof, one JSON report"
+	@echo "make parity      the logit-parity matrix and threshold table on PARITY_BUILD (default work/build)"
 	@echo "make test        the test suite (drift check, engine, runtime, converter, proof, doctor)"
 	@echo "make test-slow   realistic-size checks (real-config converter run, minutes, ~10 GB disk)"
 	@echo "make pr          upstream kit: per-commit build/lint checks + evidence folder"
@@ -49,6 +52,9 @@ build: patch
 
 smoke: build
 	$(TOOL) smoke
+
+parity: $(STAMP)
+	$(TOOL) parity --build $(PARITY_BUILD)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

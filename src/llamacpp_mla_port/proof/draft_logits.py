@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ class DraftLogits:
     confidence: np.ndarray | None  # [B] float32 (after the sigmoid)
     meta: dict
     out_dir: Path
+    dumps: dict = field(default_factory=dict)   # graph tensor name -> float32 rows (--dump)
 
     @property
     def kv_bytes_per_token(self) -> float | None:
@@ -58,10 +59,13 @@ def parse_kv_bytes_per_token(line: str) -> float | None:
 def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarray | Path, tokens,
                      out_dir: Path, ctx_pos0: int = 0, block_pos0: int | None = None,
                      flash_attn: bool = False, cache_type: str = "f16", threads: int = 2,
-                     timeout: float = 600) -> DraftLogits:
-    """Run the compiled draft-logits program; features may be an array (saved next to the outputs)."""
+                     timeout: float = 600, dump: list[str] | tuple[str, ...] = ()) -> DraftLogits:
+    """Run the compiled draft-logits program; features may be an array (saved next to the outputs);
+    `dump` names graph tensors to copy out (DraftLogits.dumps)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("dump-*.npy"):
+        stale.unlink()
     if not isinstance(features, (str, Path)):
         feats_path = out_dir / "features.npy"
         np.save(feats_path, np.ascontiguousarray(features, dtype=np.float32))
@@ -72,6 +76,8 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
            "--flash-attn", "on" if flash_attn else "off", "--cache-type", cache_type, "--threads", str(threads)]
     if block_pos0 is not None:
         cmd += ["--block-pos0", str(block_pos0)]
+    if dump:
+        cmd += ["--dump", ",".join(dump)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("draft-logits: error:")]
@@ -91,4 +97,5 @@ def load_outputs(out_dir: Path) -> DraftLogits:
         confidence=np.load(conf) if conf.exists() else None,
         meta=json.loads((out_dir / "meta.json").read_text()),
         out_dir=out_dir,
+        dumps={p.name[len("dump-"):-len(".npy")]: np.load(p) for p in sorted(out_dir.glob("dump-*.npy"))},
     )
