@@ -173,28 +173,33 @@ def flash_attention_f16(scores: np.ndarray, values: np.ndarray) -> np.ndarray:
     """CPU flash attention's one-chunk kernel with an F16 V: the output for every query row.
 
     scores [..., M] (scaled, masked with -inf), values [M, DV] (as the F16 cache holds them),
-    cache rows in cache order. Online softmax in F32; the accumulator is F16 and every
-    update rounds (ggml_vec_scale_f16 on a new maximum, ggml_vec_mad_f16 per row); the
-    result is the accumulator / the F32 sum.
+    cache rows in cache order. Online softmax in F32: on a new maximum the accumulator is
+    scaled by exp(old - new) (ggml_vec_scale_f16), then every row adds v * exp(s - max)
+    (ggml_vec_mad_f16); the accumulator is F16, so both round to F16 every time. The result
+    is the accumulator over the sum of the weights.
     """
     s_all = np.asarray(scores, dtype=np.float64).astype(np.float32)
     vals = np.asarray(values, dtype=np.float64).astype(np.float32)
-    lead = s_all.shape[:-1]
-    acc = np.zeros(lead + (vals.shape[1],), dtype=np.float32)
-    top = np.full(lead, -np.inf, dtype=np.float32)
-    total = np.zeros(lead, dtype=np.float32)
-    one = np.float32(1)
+    live = s_all != -np.inf                                   # masked rows are skipped
+    # the running maximum before and after each row, hence every scale factor, up front
+    top = np.maximum.accumulate(s_all, axis=-1)
+    before = np.concatenate([np.full(s_all.shape[:-1] + (1,), -np.inf, np.float32), top[..., :-1]], axis=-1)
+    new = live & (s_all > before)
     with np.errstate(invalid="ignore", over="ignore"):
-        for m in range(s_all.shape[-1]):
-            s = s_all[..., m]
-            live = s != -np.inf                      # masked rows are skipped
-            new = live & (s > top)
-            ms = np.where(new, np.exp(top - s), one).astype(np.float32)
-            vs = np.where(new, one, np.exp(s - top)).astype(np.float32)
-            scaled = np.where(new[..., None], (acc * ms[..., None]).astype(np.float16).astype(np.float32), acc)
-            added = (scaled + vals[m] * vs[..., None]).astype(np.float16).astype(np.float32)
-            acc = np.where(live[..., None], added, acc)
-            total = np.where(live, total * ms + vs, total).astype(np.float32)
-            top = np.where(new, s, top)
-    inv = np.where(total == 0, np.float32(0), one / total).astype(np.float32)
-    return (acc * inv[..., None]).astype(np.float64)
+        ms = np.where(new, np.exp(before - s_all), np.float32(1)).astype(np.float32)
+        vs = np.where(new, np.float32(1), np.exp(s_all - before)).astype(np.float32)
+    vs = np.where(live, vs, np.float32(0))
+    acc = np.zeros(s_all.shape[:-1] + (vals.shape[1],), dtype=np.float16)
+    for m in range(s_all.shape[-1]):
+        if not live[..., m].any():
+            continue
+        if new[..., m].any():
+            scaled = (acc.astype(np.float32) * ms[..., m, None]).astype(np.float16)
+            acc = np.where(new[..., m, None], scaled, acc)
+        added = (acc.astype(np.float32) + vals[m] * vs[..., m, None]).astype(np.float16)
+        acc = np.where(live[..., m, None], added, acc)
+    # the F32 running sum of the weights is sum(exp(s - final max)) up to F32 rounding
+    with np.errstate(invalid="ignore"):
+        total = np.sum(np.where(live, np.exp(s_all.astype(np.float64) - top[..., -1:]), 0.0), axis=-1)
+    out = acc.astype(np.float64) / np.where(total == 0, np.inf, total)[..., None]
+    return out.astype(np.float32).astype(np.float64)
