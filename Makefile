@@ -11,10 +11,11 @@ STAMP  := $(VENV)/.installed
 
 # Pass-through knobs (see README):
 #   PATCH_ARGS="--source sdist"  or  PATCH_ARGS="--git-url ~/src/llama.cpp"
-#   BUILD_ARGS="--cmake-arg -DGGML_CUDA=ON"
+#   BUILD_ARGS="--cmake-arg=-DGGML_CUDA=ON"
 #   RPC=1          make build adds llama.cpp's RPC backend and ggml-rpc-server
 #   PYTEST_ARGS="-k engine -x"
 #   CANARY_ONTO=newest|bNNNNN|NAME==VERSION|COMMIT|PATH  CANARY_ARGS="--git-url ~/src/llama.cpp"
+#   PARITY_BUILD=work/build-portable   (make parity: the build to run the parity matrix on)
 PATCH_ARGS ?=
 BUILD_ARGS ?=
 RPC ?=
@@ -22,8 +23,9 @@ PYTEST_ARGS ?=
 CANARY_ONTO ?= newest
 CANARY_DIR ?= work-canary
 CANARY_ARGS ?=
+PARITY_BUILD ?= work/build
 
-.PHONY: help venv patch check build smoke test test-slow pr canary bench bench-rpc clean-work clean
+.PHONY: help venv patch check build smoke parity test test-slow pr canary bench bench-rpc clean-work clean
 
 help:
 	@echo "make patch       pinned llama.cpp + the series applied in ./work/llama.cpp; patches/ exported"
@@ -31,6 +33,7 @@ help:
 	@echo "make build RPC=1 the same plus llama.cpp's RPC backend and ggml-rpc-server (a model spread over hosts)"
 	@echo "make check       fail when patches/ drift from a fresh render of templates/"
 	@echo "make smoke       build, make fixtures, parity + lossless proof, one JSON report"
+	@echo "make parity      the logit-parity matrix and threshold table on PARITY_BUILD (default work/build)"
 	@echo "make test        the test suite (drift check, engine, runtime, converter, proof, doctor)"
 	@echo "make test-slow   realistic-size checks (real-config converter run, minutes, ~10 GB disk)"
 	@echo "make pr          upstream kit: per-commit build/lint checks + evidence folder"
@@ -58,6 +61,9 @@ build: patch
 
 smoke: build
 	$(TOOL) smoke
+
+parity: $(STAMP)
+	$(TOOL) parity --build $(PARITY_BUILD)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -80,6 +80,15 @@ def test_draft_logits_verb_with_reference(patched_tree, llama_build, tmp_path, c
     assert report["parity"]["chain_equal"]
     for name in ("biased_logits", "base_logits", "hidden", "chain", "confidence"):
         assert (tmp_path / "out" / f"{name}.npy").is_file()
+    assert "parity_emulated_staged" not in report          # F32: nothing to emulate
+
+    # the default F16 cache: also compared with the reference rounding as the CPU backend does
+    rc = main(["draft-logits", "--draft", str(draft), "--target", str(target), "--features", str(tmp_path / "f.npy"),
+               "--tokens", tokens, "--out", str(tmp_path / "out-f16"), "--ctx-pos0", "40", "--reference", str(ckpt)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["parity_emulated_staged"]["worst_nmse"] < 1e-6
+    assert report["parity"]["nmse_base_logits"] > 10 * report["parity_emulated_staged"]["worst_nmse"]
 
     # a block longer than dflash.block_size would silently skip the Markov head: refused
     too_long = ",".join(["7"] + [str(mask)] * pcfg.block_size)

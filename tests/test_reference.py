@@ -3,6 +3,7 @@ against the decompressed one, non-causality, the Markov/confidence heads, checkp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -12,11 +13,14 @@ import pytest
 
 from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.proof import yarn
+from llamacpp_mla_port.proof.precision import EXACT, Precision, cpu_precision
 from llamacpp_mla_port.proof.reference import (
     DraftReference,
     nmse,
     read_checkpoint,
     read_safetensors,
+    stage_outputs,
+    stream_taps,
 )
 
 REAL_ROPE = {
@@ -157,6 +161,33 @@ def test_interleaved_rotation_is_relative_and_pairwise():
     r = yarn.rotate_interleaved(one, np.array([1]), rope)[0]
     assert r[0] == pytest.approx(math.cos(1.0)) and r[1] == pytest.approx(math.sin(1.0))
     assert np.count_nonzero(r) == 2
+
+
+def test_neox_rotation_is_the_interleaved_one_on_permuted_dims():
+    # the control's rotation: pair i is (x[i], x[i + d/2]) instead of (x[2i], x[2i+1])
+    rope = yarn.RopeConfig.from_hf_config(REAL_ROPE)
+    neox = dataclasses.replace(rope, style="neox")
+    x = np.random.default_rng(4).normal(size=(3, 64))
+    pos = np.array([0, 700, 50000])
+    halves = np.stack([np.arange(32), np.arange(32, 64)], axis=1).reshape(-1)   # interleave the halves
+    want = yarn.rotate_interleaved(x[:, halves], pos, rope)
+    got = yarn.rotate(x, pos, neox)
+    np.testing.assert_allclose(got[:, halves], want, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(got, yarn.rotate(x, pos, rope))
+
+
+@pytest.mark.parametrize("config", [REAL_ROPE, {"qk_rope_head_dim": 16, "rope_theta": 10000}])
+def test_f32_angles_are_ggml_s_f32_rounding_of_the_exact_ones(config):
+    rope = yarn.RopeConfig.from_hf_config(config)
+    pos = np.array([0, 1, 5, 300, 1300, 40000])
+    exact = pos[:, None] * yarn.inv_freq(rope)[None, :]
+    f32 = yarn.angles_f32(pos, rope)
+    np.testing.assert_array_equal(f32[0], 0.0)
+    np.testing.assert_array_equal(f32[:, 0], pos)                 # pair 0 is the position itself
+    # pos * theta_scale^i multiplied up in F32: off by a few F32 ulps of the angle, not more
+    ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+    assert np.all(np.abs(f32 - exact) <= 32 * ulp + 1e-30)
+    assert np.any(f32 != exact)
 
 
 # --- attention forms --------------------------------------------------------------------
@@ -312,3 +343,56 @@ def test_reads_the_fixture_checkpoint_with_real_names(tmp_path):
     d = ref.forward(feats, ids, ctx_positions=np.arange(100, 105), attention="decompressed")
     assert a.biased_logits.shape == (7, V) and a.confidence.shape == (7,)
     assert nmse(a.biased_logits, d.biased_logits) < 1e-24
+
+
+# --- emulated precision, stage taps, controls -------------------------------------------
+
+def test_default_is_float64_and_the_control_knobs_change_only_what_they_name():
+    ref, cfg = make_reference()
+    feats = features(cfg, 7)
+    ids = [5, 61, 61, 61]
+    out = ref.forward(feats, ids)
+    same = ref.forward(feats, ids, precision=EXACT, kq_scale_factor=1.0)
+    np.testing.assert_array_equal(out.biased_logits, same.biased_logits)
+    scaled = ref.forward(feats, ids, kq_scale_factor=1.01)
+    assert 1e-9 < nmse(scaled.base_logits, out.base_logits) < 1e-2
+    for other in (ref.variant(yarn=False), ref.variant(style="neox")):
+        assert nmse(other.forward(feats, ids).base_logits, out.base_logits) > 1e-6
+
+
+def test_emulated_precision_rounds_and_stays_close():
+    ref, cfg = make_reference()
+    feats = features(cfg, 7)
+    ids = [5, 61, 61, 61]
+    exact = ref.forward(feats, ids, ctx_positions=np.arange(300, 307))
+    for prec in (cpu_precision("f16", False, 4), cpu_precision("f16", True, 4),
+                 Precision(activations={f"blk.{il}.{t}.weight": "bf16" for il in range(2)
+                                        for t in ("attn_q_a", "attn_kv_a_mqa", "ffn_up", "ffn_down")})):
+        rounded = ref.forward(feats, ids, ctx_positions=np.arange(300, 307), precision=prec)
+        assert 1e-12 < nmse(rounded.base_logits, exact.base_logits) < 1e-3, prec
+    with pytest.raises(ProofError, match="float64 only"):
+        ref.forward(feats, ids, attention="decompressed", precision=cpu_precision("f16", False, 4))
+
+
+def test_feeding_the_reference_its_own_taps_changes_nothing():
+    ref, cfg = make_reference()
+    feats = features(cfg, 6)
+    ids = [5, 61, 61]
+    prec = cpu_precision("f16", True, 3)
+    out = ref.forward(feats, ids, precision=prec)
+    taps = out.extras["taps"]
+    assert set(taps) == set(stream_taps(cfg["num_hidden_layers"]))
+    fed = ref.forward(feats, ids, precision=prec, feed=taps)
+    np.testing.assert_array_equal(fed.biased_logits, out.biased_logits)
+    stages = stage_outputs(taps, cfg["num_hidden_layers"])
+    assert set(stages) == set(out.extras["stages"])
+    for name, value in out.extras["stages"].items():
+        np.testing.assert_allclose(stages[name], value, rtol=1e-9, atol=1e-12)
+    # a stage fed another run's values starts from them: a changed layer-0 output moves layer 1 only
+    moved = dict(taps)
+    moved["l_out-0"] = taps["l_out-0"] + 0.01 * np.random.default_rng(2).normal(size=taps["l_out-0"].shape)
+    refed = ref.forward(feats, ids, precision=prec, feed=moved)
+    np.testing.assert_array_equal(refed.extras["stages"]["attn-0"], out.extras["stages"]["attn-0"])
+    assert nmse(refed.extras["stages"]["attn-1"], out.extras["stages"]["attn-1"]) > 1e-8
+    with pytest.raises(ProofError, match="ffn_inp-1"):
+        ref.forward(feats, ids, feed={k: v for k, v in taps.items() if k != "ffn_inp-1"})

@@ -1,7 +1,7 @@
 """`build`: CMake Release build of the patched llama.cpp work tree.
 
 CPU by default; other backends by passing CMake options through, e.g.
-`llamacpp-mla-port build --cmake-arg -DGGML_CUDA=ON`. Ninja and ccache are used when they
+`llamacpp-mla-port build --cmake-arg=-DGGML_CUDA=ON`. Ninja and ccache are used when they
 are on PATH. Only the targets the job and the proof need are built (DEFAULT_TARGETS), so a
 cold build stays a few minutes on two cores and a rebuild after a re-render recompiles only
 the changed sources. Progress (CMake/Ninja's own lines) streams to the terminal; the full
@@ -191,7 +191,9 @@ def ensure_build(tree: Path, build_dir: Path, targets: Iterable[str] = DEFAULT_T
         build += ["--target", target]
     _run_logged(build, log_path, f"build of {', '.join(targets)}", echo, env)
 
-    missing = [t for t in targets if not (build_dir / "bin" / t).exists()]
+    # an executable lands as bin/T, a library target (llama, ggml) as bin/libT.so
+    missing = [t for t in targets if not (build_dir / "bin" / t).exists()
+               and not (build_dir / "bin" / f"lib{t}.so").exists()]
     if missing:
         raise BuildError(f"build finished but {', '.join(missing)} not in {build_dir / 'bin'}",
                          hint=f"check {log_path}; a target name may not exist in this llama.cpp version")

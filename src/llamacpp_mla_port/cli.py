@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "fixtures": "write the tiny offline test models (checkpoints and GGUFs)",
     "draft-logits": "run the patched llama.cpp draft on given features and tokens, write .npy logits",
     "target-features": "dump the hidden states the patched Kimi-K3 target hands a draft",
+    "parity": "the draft's logit-parity matrix against one build, with the per-mode threshold table",
     "smoke": "build, make fixtures, run parity and lossless checks, print one JSON report",
     "pr": "check each commit builds and lints, run the proof, write an evidence folder",
     "rebase": "re-render the series against a newer upstream and move the pin forward",

@@ -360,6 +360,8 @@ def proof_summary(smoke: dict) -> dict:
     parity = smoke.get("parity") or {}
     out["parity_worst_nmse"] = {cfg: {m: e.get("worst_nmse") for m, e in v.get("modes", {}).items()}
                                 for cfg, v in parity.items()}
+    out["parity_headroom"] = {m: e.get("headroom") for m, e in
+                              (smoke.get("parity_modes") or {}).get("modes", {}).items()}
     out["kv_bytes_per_token"] = {cfg: {k: v[k] for k in v if k.startswith("draft_kv_bytes")}
                                  for cfg, v in parity.items()}
     lossless = smoke.get("lossless") or {}

@@ -19,7 +19,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", dest="targets", action="append", default=None, metavar="TARGET",
                         help=f"build this target (repeatable; default: {' '.join(DEFAULT_TARGETS)})")
     parser.add_argument("--cmake-arg", dest="cmake_args", action="append", default=[], metavar="ARG",
-                        help="extra CMake configure option, e.g. --cmake-arg -DGGML_CUDA=ON (repeatable)")
+                        help="extra CMake configure option, e.g. --cmake-arg=-DGGML_CUDA=ON "
+                             "(with '=', the value starts with a dash; repeatable)")
     parser.add_argument("--rpc", action="store_true",
                         help="also build llama.cpp's RPC backend (-DGGML_RPC=ON) and ggml-rpc-server, "
                              "to spread a model over hosts (`--rpc host:port,...`)")

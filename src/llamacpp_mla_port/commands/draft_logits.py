@@ -6,7 +6,9 @@
 Writes outdir/{biased_logits,chain,hidden,base_logits[,confidence]}.npy and meta.json
 (see proof/cpp/draft-logits.cpp). With --reference the float64 reference of the same HF
 checkpoint runs on the same inputs and the NMSE per output is printed, which is the check
-llama.cpp asks of a model port.
+llama.cpp asks of a model port; in a reduced precision (F16/Q8_0 cache, flash attention,
+BF16 weights) also the staged NMSE against the reference emulating the CPU backend's
+roundings (proof/parity.py), the figure the parity bounds apply to.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from llamacpp_mla_port.proof.draft_logits import CACHE_TYPES, run_draft_logits
 from llamacpp_mla_port.proof.programs import compile_program
+from llamacpp_mla_port.proof.reference import stream_taps
 from llamacpp_mla_port.workspace import locate_build
 
 
@@ -45,28 +48,38 @@ def configure(parser) -> None:
     parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
     parser.add_argument("--build", type=Path, default=None, help="its CMake build dir (default: the work build)")
     parser.add_argument("--reference", type=Path, default=None,
-                        help="HF checkpoint dir of the draft: also run the float64 reference and print NMSE")
+                        help="HF checkpoint dir of the draft: also run the reference and print NMSE "
+                             "(float64, and emulating the backend in a reduced precision)")
 
 
 def run(args) -> int:
     tree, build = locate_build(args.tree, args.build)
     binary = compile_program("draft-logits", tree, build)
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    ref = None
+    if args.reference:
+        from llamacpp_mla_port.proof.reference import DraftReference
+        ref = DraftReference.load(args.reference, args.target)
     got = run_draft_logits(binary, args.draft, args.target, args.features, tokens, args.out,
                            ctx_pos0=args.ctx_pos0, block_pos0=args.block_pos0,
                            flash_attn=args.flash_attn == "on", cache_type=args.cache_type, threads=args.threads,
-                           rpc=args.rpc, draft_devices=args.draft_devices, target_devices=args.target_devices)
+                           rpc=args.rpc, draft_devices=args.draft_devices, target_devices=args.target_devices,
+                           dump=stream_taps(ref.config.n_layers) if ref else ())
     report = {"out": str(args.out), "chain": got.chain.tolist(),
               "confidence": None if got.confidence is None else got.confidence.tolist(),
               "kv_bytes_per_token": got.kv_bytes_per_token}
-    if args.reference:
-        from llamacpp_mla_port.proof.parity import compare
-        from llamacpp_mla_port.proof.reference import DraftReference
-        ref = DraftReference.load(args.reference, args.target)
-        feats = np.load(args.features)
-        n_ctx = feats.shape[0]
-        want = ref.forward(feats, tokens, ctx_positions=args.ctx_pos0 + np.arange(n_ctx),
-                           block_pos0=args.block_pos0)
-        report["parity"] = compare(got, want)
+    if ref is not None:
+        from llamacpp_mla_port.proof.parity import compare, compare_staged
+        from llamacpp_mla_port.proof.precision import cpu_precision, gguf_tensor_types
+        feats = np.load(args.features).astype(np.float32).astype(np.float64)
+        where = {"ctx_positions": args.ctx_pos0 + np.arange(feats.shape[0]), "block_pos0": args.block_pos0}
+        report["parity"] = compare(got, ref.forward(feats, tokens, **where))
+        precision = cpu_precision(args.cache_type, args.flash_attn == "on", len(tokens),
+                                  {**gguf_tensor_types(args.draft),
+                                   "output.weight": gguf_tensor_types(args.target)["output.weight"]})
+        if not precision.exact:
+            # like with like: the reference rounding where the CPU backend rounds, stage by stage
+            fed = ref.forward(feats, tokens, precision=precision, feed=got.dumps, chain=got.chain, **where)
+            report["parity_emulated_staged"] = compare_staged(got.dumps, got, fed, ref.config.n_layers)
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
     return 0

@@ -8,7 +8,7 @@ verb `draft-logits` (commands/draft_logits.py) is its command line.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ class DraftLogits:
     confidence: np.ndarray | None  # [B] float32 (after the sigmoid)
     meta: dict
     out_dir: Path
+    dumps: dict = field(default_factory=dict)   # graph tensor name -> float32 rows (--dump)
 
     @property
     def kv_bytes_per_token(self) -> float | None:
@@ -59,14 +60,18 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
                      out_dir: Path, ctx_pos0: int = 0, block_pos0: int | None = None,
                      flash_attn: bool = False, cache_type: str = "f16", threads: int = 2,
                      timeout: float = 600, rpc: str | None = None, draft_devices: str | None = None,
-                     target_devices: str | None = None, env: dict | None = None) -> DraftLogits:
+                     target_devices: str | None = None, env: dict | None = None,
+                     dump: list[str] | tuple[str, ...] = ()) -> DraftLogits:
     """Run the compiled draft-logits program; features may be an array (saved next to the outputs).
 
     rpc ("host:port,...") registers llama.cpp RPC servers; draft_devices / target_devices
     ("RPC0,RPC1", llama.cpp's device names) place each model's layers there (default: CPU).
+    `dump` names graph tensors to copy out (DraftLogits.dumps).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("dump-*.npy"):
+        stale.unlink()
     if not isinstance(features, (str, Path)):
         feats_path = out_dir / "features.npy"
         np.save(feats_path, np.ascontiguousarray(features, dtype=np.float32))
@@ -80,6 +85,8 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
     for flag, value in (("--rpc", rpc), ("--draft-devices", draft_devices), ("--target-devices", target_devices)):
         if value:
             cmd += [flag, value]
+    if dump:
+        cmd += ["--dump", ",".join(dump)]
     proc = run_bounded(cmd, timeout, env=env)
     if proc.returncode != 0:
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("draft-logits: error:")]
@@ -99,4 +106,5 @@ def load_outputs(out_dir: Path) -> DraftLogits:
         confidence=np.load(conf) if conf.exists() else None,
         meta=json.loads((out_dir / "meta.json").read_text()),
         out_dir=out_dir,
+        dumps={p.name[len("dump-"):-len(".npy")]: np.load(p) for p in sorted(out_dir.glob("dump-*.npy"))},
     )

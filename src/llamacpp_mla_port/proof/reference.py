@@ -16,19 +16,29 @@ lm_head, and computes, for one sequence:
 Attention is available in the absorbed form (scores in the kv_lora latent space, what an
 MLA runtime caches) and the decompressed form (per-head K/V rebuilt with kv_b_proj); the
 two are the same function, tests/test_reference.py shows it numerically.
+
+Everything runs in float64 unless `forward` is given a precision.Precision: the absorbed
+form then rounds where a reduced-precision backend rounds (the K rows as the cache holds
+them, the query as the score kernel takes it, activations entering BF16 matmuls, ...), so a
+reduced-precision run can be compared like with like. Two knobs build the controls of
+parity.py, runtimes with a known mistake: `causal` and `kq_scale_factor`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.yarn import RopeConfig, attention_scale, rotate_interleaved
+from llamacpp_mla_port.proof.precision import EXACT, Precision, flash_attention_f16, round_to
+from llamacpp_mla_port.proof.yarn import RopeConfig, attention_scale, rotate
 
 
 # ---------------------------------------------------------------------------------------
@@ -203,26 +213,28 @@ class Weights:
         return name in self.tensors
 
 
-def latent_rows(cfg: DraftConfig, w: Weights, il: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+def latent_rows(cfg: DraftConfig, w: Weights, il: int, x: np.ndarray, positions: np.ndarray,
+                prec: Precision = EXACT) -> np.ndarray:
     """kv_a_proj_with_mqa -> [kv_a_layernorm(latent) | RoPE(rope part)], one (lora+rope)-wide row per input."""
     p = f"layers.{il}.self_attn."
-    kv = x @ w(p + "kv_a_proj_with_mqa.weight").T                       # [n, lora + rope]
+    kv = prec.act(f"blk.{il}.attn_kv_a_mqa.weight", x) @ w(p + "kv_a_proj_with_mqa.weight").T   # [n, lora + rope]
     latent = rms_norm(kv[:, :cfg.kv_lora_rank], w(p + "kv_a_layernorm.weight"), cfg.eps)
-    k_pe = rotate_interleaved(kv[:, cfg.kv_lora_rank:], positions, cfg.rope)
+    k_pe = rotate(kv[:, cfg.kv_lora_rank:], positions, cfg.rope, prec.f32_angles)
     return np.concatenate([latent, k_pe], axis=1)
 
 
 def queries(cfg: DraftConfig, w: Weights, il: int, x: np.ndarray,
-            positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            positions: np.ndarray, prec: Precision = EXACT) -> tuple[np.ndarray, np.ndarray]:
     """q_nope [H, n, nope] and rotated q_pe [H, n, rope]."""
     p = f"layers.{il}.self_attn."
     if cfg.q_lora_rank:
-        q_a = rms_norm(x @ w(p + "q_a_proj.weight").T, w(p + "q_a_layernorm.weight"), cfg.eps)
-        q = q_a @ w(p + "q_b_proj.weight").T
+        q_a = prec.act(f"blk.{il}.attn_q_a.weight", x) @ w(p + "q_a_proj.weight").T
+        q_a = rms_norm(q_a, w(p + "q_a_layernorm.weight"), cfg.eps)
+        q = prec.act(f"blk.{il}.attn_q_b.weight", q_a) @ w(p + "q_b_proj.weight").T
     else:
-        q = x @ w(p + "q_proj.weight").T
+        q = prec.act(f"blk.{il}.attn_q.weight", x) @ w(p + "q_proj.weight").T
     q = q.reshape(x.shape[0], cfg.n_heads, cfg.qk_dim).transpose(1, 0, 2)
-    return q[..., :cfg.nope_dim], rotate_interleaved(q[..., cfg.nope_dim:], positions, cfg.rope)
+    return q[..., :cfg.nope_dim], rotate(q[..., cfg.nope_dim:], positions, cfg.rope, prec.f32_angles)
 
 
 def kv_b_split(cfg: DraftConfig, w: Weights, il: int) -> tuple[np.ndarray, np.ndarray]:
@@ -241,24 +253,41 @@ def attention_mask(n_query: int, n_ctx: int, causal: bool) -> np.ndarray:
 
 
 def mla_absorbed(cfg: DraftConfig, w: Weights, il: int, x: np.ndarray, positions: np.ndarray,
-                 ctx_rows: np.ndarray, causal: bool = False) -> np.ndarray:
-    """MLA attention in the latent space: scores q_nope.k_b^T . latent + q_pe . k_pe, output v_b . (p . latent)."""
+                 ctx_rows: np.ndarray, causal: bool = False, prec: Precision = EXACT,
+                 kq_scale_factor: float = 1.0) -> np.ndarray:
+    """MLA attention in the latent space: scores q_nope.k_b^T . latent + q_pe . k_pe, output v_b . (p . latent).
+
+    The cache rows are the context rows then the block's own, the order a runtime's cache has them.
+    """
     lora = cfg.kv_lora_rank
-    rows = np.concatenate([ctx_rows, latent_rows(cfg, w, il, x, positions)], axis=0)    # [Nc+B, lora+rope]
-    q_nope, q_pe = queries(cfg, w, il, x, positions)
+    rows = np.concatenate([ctx_rows, latent_rows(cfg, w, il, x, positions, prec)], axis=0)    # [Nc+B, lora+rope]
+    rows = round_to(rows, prec.cache)
+    q_nope, q_pe = queries(cfg, w, il, x, positions, prec)
     k_b, v_b = kv_b_split(cfg, w, il)
-    q_lat = np.einsum("hnd,hdl->hnl", q_nope, k_b)                                          # [H, B, lora]
-    q_full = np.concatenate([q_lat, q_pe], axis=-1)                                         # [H, B, lora+rope]
-    scores = np.einsum("hnk,mk->hnm", q_full, rows) * attention_scale(cfg.rope, cfg.qk_dim)
-    probs = softmax(scores + attention_mask(x.shape[0], ctx_rows.shape[0], causal)[None])
-    out_lat = np.einsum("hnm,ml->hnl", probs, rows[:, :lora])                                # [H, B, lora]
+    q_lat = np.einsum("hnd,hdl->hnl", prec.act(f"blk.{il}.attn_k_b.weight", q_nope), k_b)   # [H, B, lora]
+    q_full = round_to(np.concatenate([q_lat, q_pe], axis=-1), prec.query)                  # [H, B, lora+rope]
+    scale = attention_scale(cfg.rope, cfg.qk_dim) * kq_scale_factor
+    scores = np.einsum("hnk,mk->hnm", q_full, rows) * scale
+    scores = scores + attention_mask(x.shape[0], ctx_rows.shape[0], causal)[None]
+    if prec.v_accumulator == "f16":
+        out_lat = flash_attention_f16(scores, rows[:, :lora])
+    elif prec.v_accumulator is None:
+        probs = round_to(softmax(scores), prec.probs)
+        out_lat = np.einsum("hnm,ml->hnl", probs, rows[:, :lora])                          # [H, B, lora]
+    else:
+        raise ProofError(f"no emulation of a {prec.v_accumulator} attention accumulator")
+    out_lat = prec.act(f"blk.{il}.attn_v_b.weight", out_lat)
     out = np.einsum("hnl,hvl->nhv", out_lat, v_b).reshape(x.shape[0], cfg.n_heads * cfg.v_dim)
-    return out @ w(f"layers.{il}.self_attn.o_proj.weight").T
+    return prec.act(f"blk.{il}.attn_output.weight", out) @ w(f"layers.{il}.self_attn.o_proj.weight").T
 
 
 def mla_decompressed(cfg: DraftConfig, w: Weights, il: int, x: np.ndarray, positions: np.ndarray,
-                     ctx_rows: np.ndarray, causal: bool = False) -> np.ndarray:
-    """The same attention with per-head K = [k_nope | k_pe], V rebuilt from the latent by kv_b_proj."""
+                     ctx_rows: np.ndarray, causal: bool = False, prec: Precision = EXACT,
+                     kq_scale_factor: float = 1.0) -> np.ndarray:
+    """The same attention with per-head K = [k_nope | k_pe], V rebuilt from the latent by kv_b_proj
+    (float64 only: no runtime computes this form, so there is nothing to emulate)."""
+    if not prec.exact:
+        raise ProofError("the decompressed attention is float64 only; emulate a backend with the absorbed one")
     lora = cfg.kv_lora_rank
     rows = np.concatenate([ctx_rows, latent_rows(cfg, w, il, x, positions)], axis=0)
     kv = rows[:, :lora] @ w(f"layers.{il}.self_attn.kv_b_proj.weight").T                   # [M, H*(nope+v)]
@@ -268,19 +297,29 @@ def mla_decompressed(cfg: DraftConfig, w: Weights, il: int, x: np.ndarray, posit
     k = np.concatenate([k_nope, k_pe], axis=-1)                                              # [H, M, nope+rope]
     q_nope, q_pe = queries(cfg, w, il, x, positions)
     q = np.concatenate([q_nope, q_pe], axis=-1)                                              # [H, B, nope+rope]
-    scores = np.einsum("hnd,hmd->hnm", q, k) * attention_scale(cfg.rope, cfg.qk_dim)
+    scale = attention_scale(cfg.rope, cfg.qk_dim) * kq_scale_factor
+    scores = np.einsum("hnd,hmd->hnm", q, k) * scale
     probs = softmax(scores + attention_mask(x.shape[0], ctx_rows.shape[0], causal)[None])
     out = np.einsum("hnm,hmv->nhv", probs, v).reshape(x.shape[0], cfg.n_heads * cfg.v_dim)
     return out @ w(f"layers.{il}.self_attn.o_proj.weight").T
 
 
-def swiglu_mlp(w: Weights, il: int, x: np.ndarray) -> np.ndarray:
-    p = f"layers.{il}.mlp."
-    return (silu(x @ w(p + "gate_proj.weight").T) * (x @ w(p + "up_proj.weight").T)) @ w(p + "down_proj.weight").T
+def swiglu_mlp(w: Weights, il: int, x: np.ndarray, prec: Precision = EXACT) -> np.ndarray:
+    p, g = f"layers.{il}.mlp.", f"blk.{il}."
+    gate = prec.act(g + "ffn_gate.weight", x) @ w(p + "gate_proj.weight").T
+    up = prec.act(g + "ffn_up.weight", x) @ w(p + "up_proj.weight").T
+    return prec.act(g + "ffn_down.weight", silu(gate) * up) @ w(p + "down_proj.weight").T
 
 
 # ---------------------------------------------------------------------------------------
 # the draft
+
+#: residual-stream taps: the runtime graph's tensor names (without the "-il" layer suffix)
+TAP_CONTEXT_ROWS = "Kcur_injected"   # a layer's context K rows before the cache stores them
+TAP_EMBEDDINGS = "inp_noise_embd"    # the block's token embeddings
+TAP_AFTER_ATTN = "ffn_inp"           # the stream after a layer's attention
+TAP_AFTER_FFN = "l_out"              # the stream after a layer's FFN (the layer's output)
+
 
 @dataclass
 class DraftOutputs:
@@ -302,6 +341,8 @@ class DraftReference:
         self.w = Weights(tensors, source)
         self.token_embd = np.asarray(token_embd, dtype=np.float64)
         self.lm_head = np.asarray(lm_head, dtype=np.float64)
+        # the context part of recent forwards (shared with variant()s; the rope is in the key)
+        self._context_memo: dict = {}
         cfg = self.config
         if self.token_embd.shape[1] != cfg.hidden_size or self.lm_head.shape[1] != cfg.hidden_size:
             raise ProofError(f"target embedding/lm_head width {self.token_embd.shape[1]}/{self.lm_head.shape[1]} "
@@ -313,20 +354,44 @@ class DraftReference:
         token_embd, lm_head = read_target_head(target_gguf)
         return cls(config, tensors, token_embd, lm_head, source=str(checkpoint_dir))
 
-    def fuse_context(self, features: np.ndarray) -> np.ndarray:
+    def fuse_context(self, features: np.ndarray, prec: Precision = EXACT) -> np.ndarray:
         cfg, w = self.config, self.w
         features = np.asarray(features, dtype=np.float64)
         width = cfg.n_taps * cfg.target_hidden_size
         if features.ndim != 2 or features.shape[1] != width:
             raise ProofError(f"features must be [n_ctx, {width}] (taps x target hidden), got {features.shape}")
-        return rms_norm(features @ w("context_proj.weight").T, w("context_norm.weight"), cfg.eps)
+        fused = prec.act("fc.weight", features) @ w("context_proj.weight").T
+        return rms_norm(fused, w("context_norm.weight"), cfg.eps)
 
-    def context_rows(self, context: np.ndarray, positions: np.ndarray) -> list[np.ndarray]:
-        """Per layer the cached (lora + rope)-wide rows of the context: no input_layernorm, no query."""
-        return [latent_rows(self.config, self.w, il, context, positions) for il in range(self.config.n_layers)]
+    def context_rows(self, context: np.ndarray, positions: np.ndarray, prec: Precision = EXACT) -> list[np.ndarray]:
+        """Per layer the (lora + rope)-wide rows of the context before the cache stores them:
+        no input_layernorm, no query."""
+        return [latent_rows(self.config, self.w, il, context, positions, prec) for il in range(self.config.n_layers)]
+
+    def _context(self, features: np.ndarray, positions: np.ndarray, prec: Precision) -> tuple[np.ndarray, list]:
+        """fuse_context + context_rows, remembered for the last few inputs: a parity case runs
+        a dozen forwards (emulated, exact, forced chains, controls) over the same context."""
+        key = (hashlib.sha1(np.ascontiguousarray(features).tobytes()).hexdigest(), features.shape,
+               np.asarray(positions).tobytes(), repr(prec), self.config.rope)
+        if key not in self._context_memo:
+            context = self.fuse_context(features, prec)
+            if len(self._context_memo) >= 8:
+                self._context_memo.pop(next(iter(self._context_memo)))
+            self._context_memo[key] = (context, self.context_rows(context, positions, prec))
+        context, rows = self._context_memo[key]
+        return context, list(rows)
+
+    def variant(self, **rope_changes) -> "DraftReference":
+        """The same weights with other rotary parameters (yarn=False, style="neox": controls)."""
+        other = DraftReference.__new__(DraftReference)
+        other.__dict__.update(self.__dict__)
+        other.config = dataclasses.replace(self.config, rope=dataclasses.replace(self.config.rope, **rope_changes))
+        return other
 
     def forward(self, features: np.ndarray, block_ids, ctx_positions=None, block_pos0: int | None = None,
-                attention: str = "absorbed", causal: bool = False, chain=None) -> DraftOutputs:
+                attention: str = "absorbed", causal: bool = False, chain=None,
+                precision: Precision = EXACT, kq_scale_factor: float = 1.0,
+                feed: Mapping[str, np.ndarray] | None = None) -> DraftOutputs:
         """One draft step for one sequence.
 
         features:      [C, taps * target_hidden] target hidden states at the context positions
@@ -335,6 +400,13 @@ class DraftReference:
         block_pos0:    position of the anchor (default: one past the last context position)
         chain:         [B] tokens to condition the Markov head on instead of the greedy chain
                        (to compare logits row by row with a runtime whose chain differs)
+        precision:     where to round as a reduced-precision backend does (precision.py)
+        kq_scale_factor: multiplies the attention scale (1.0; else a control: a wrong scale)
+        feed:          a runtime's own values at the stream taps (STREAM_TAPS names): each stage
+                       then starts from them instead of from the reference's previous stage
+
+        extras["taps"] holds the reference's values at the stream taps, extras["stages"] what
+        each stage added (per layer "attn-i" and "ffn-i", computed from the fed input when fed).
         """
         cfg, w = self.config, self.w
         features = np.asarray(features, dtype=np.float64)
@@ -346,25 +418,45 @@ class DraftReference:
         block_positions = block_pos0 + np.arange(block_ids.shape[0])
         attend = {"absorbed": mla_absorbed, "decompressed": mla_decompressed}[attention]
 
-        context = self.fuse_context(features)
-        ctx_rows = self.context_rows(context, ctx_positions)
+        taps: dict[str, np.ndarray] = {}
+        stages: dict[str, np.ndarray] = {}
 
-        h = self.token_embd[block_ids]
+        def tap(name: str, value: np.ndarray) -> np.ndarray:
+            taps[name] = value
+            if feed is None:
+                return value
+            if name not in feed:
+                raise ProofError(f"the runtime's values at {name} are missing", hint="dump every STREAM_TAPS name")
+            return np.asarray(feed[name], dtype=np.float64)
+
+        context, own_rows = self._context(features, ctx_positions, precision)
+        ctx_rows = [tap(f"{TAP_CONTEXT_ROWS}-{il}", rows) for il, rows in enumerate(own_rows)]
+
+        h = tap(TAP_EMBEDDINGS, self.token_embd[block_ids])
         for il in range(cfg.n_layers):
             p = f"layers.{il}."
             x = rms_norm(h, w(p + "input_layernorm.weight"), cfg.eps)
-            h = h + attend(cfg, w, il, x, block_positions, ctx_rows[il], causal=causal)
+            stages[f"attn-{il}"] = attend(cfg, w, il, x, block_positions, ctx_rows[il], causal=causal, prec=precision,
+                                          kq_scale_factor=kq_scale_factor)
+            h = tap(f"{TAP_AFTER_ATTN}-{il}", h + stages[f"attn-{il}"])
             x = rms_norm(h, w(p + "post_attention_layernorm.weight"), cfg.eps)
-            h = h + swiglu_mlp(w, il, x)
+            stages[f"ffn-{il}"] = swiglu_mlp(w, il, x, precision)
+            h = tap(f"{TAP_AFTER_FFN}-{il}", h + stages[f"ffn-{il}"])
         hidden = rms_norm(h, w("final_norm.weight"), cfg.eps)
+        # base logits as the runtime's driver rebuilds them (hidden x head in double); the
+        # logits the graph returns see the head's matmul rounding
         base = hidden @ self.lm_head.T
-        return self._heads(context, ctx_rows, hidden, base, block_ids, chain)
+        graph = precision.act("output.weight", hidden) @ self.lm_head.T
+        out = self._heads(context, own_rows, hidden, base, graph, block_ids, chain, precision)
+        out.extras.update(taps=taps, stages=stages)
+        return out
 
-    def _heads(self, context, ctx_rows, hidden, base, block_ids, forced=None) -> DraftOutputs:
+    def _heads(self, context, ctx_rows, hidden, base, graph, block_ids, forced=None,
+               prec: Precision = EXACT) -> DraftOutputs:
         w = self.w
         if not w.has("markov_head.markov_w1.weight"):
-            chain = np.argmax(base, axis=1)
-            return DraftOutputs(context, ctx_rows, hidden, base, base.copy(), chain)
+            chain = np.argmax(graph, axis=1)
+            return DraftOutputs(context, ctx_rows, hidden, base, graph.copy(), chain)
         w1, w2 = w("markov_head.markov_w1.weight"), w("markov_head.markov_w2.weight")
         has_conf = w.has("confidence_head.proj.weight")
         biased = np.empty_like(base)
@@ -373,9 +465,9 @@ class DraftReference:
         prev = int(block_ids[0])                       # the anchor conditions the first row
         for k in range(base.shape[0]):
             m = w1[prev]
-            biased[k] = base[k] + w2 @ m
+            biased[k] = graph[k] + w2 @ prec.act("markov_w2.weight", m)
             if has_conf:
-                feat = np.concatenate([hidden[k], m])
+                feat = prec.act("conf_proj.weight", np.concatenate([hidden[k], m]))
                 conf_logit[k] = float(w("confidence_head.proj.weight")[0] @ feat)
                 if w.has("confidence_head.proj.bias"):
                     conf_logit[k] += float(w("confidence_head.proj.bias")[0])
@@ -383,6 +475,25 @@ class DraftReference:
             prev = int(chain[k]) if forced is None else int(forced[k])   # greedy: the token just drafted
         conf = sigmoid(conf_logit) if has_conf else None
         return DraftOutputs(context, ctx_rows, hidden, base, biased, chain, conf_logit, conf)
+
+
+def stream_taps(n_layers: int) -> list[str]:
+    """Names of the residual-stream taps, as the runtime's graph names its tensors
+    (dflash-graph-mla.cpp.j2: cb(..., name, il) -> "name-il"), for `forward(feed=...)`."""
+    return ([f"{TAP_CONTEXT_ROWS}-{il}" for il in range(n_layers)] + [TAP_EMBEDDINGS]
+            + [f"{t}-{il}" for il in range(n_layers) for t in (TAP_AFTER_ATTN, TAP_AFTER_FFN)])
+
+
+def stage_outputs(taps: Mapping[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:
+    """What each stage added to the residual stream, from a run's taps (forward's extras["stages"] layout)."""
+    out = {}
+    h = np.asarray(taps[TAP_EMBEDDINGS], dtype=np.float64)
+    for il in range(n_layers):
+        after_attn = np.asarray(taps[f"{TAP_AFTER_ATTN}-{il}"], dtype=np.float64)
+        after_ffn = np.asarray(taps[f"{TAP_AFTER_FFN}-{il}"], dtype=np.float64)
+        out[f"attn-{il}"], out[f"ffn-{il}"] = after_attn - h, after_ffn - after_attn
+        h = after_ffn
+    return out
 
 
 def nmse(actual: np.ndarray, expected: np.ndarray) -> float:

@@ -4,7 +4,9 @@ commands/smoke.py, prints it as JSON and exits non-zero on any failure).
 
 Stages (each is recorded in the report; a failing stage fails the run, later stages still run):
   build      build.ensure_build on the patched tree (the targets the proof needs)
-  parity     proof.parity: 3 draft shapes x 4 precision modes, NMSE against the float64 reference
+  parity     proof.parity: 3 draft shapes x 5 precision modes against the float64 reference (F32)
+             and the reference emulating the CPU backend's roundings (the others); per mode the
+             headroom of its bound on this machine (report["parity_modes"])
   target     proof.target_features: the Kimi-K3 layer inputs == the block-local prefix stream
   lossless   proof.lossless: llama-speculative-simple and llama-server (-np 2) == target alone
 The tree and build default to the tool's work tree; MLA_PORT_TREE / MLA_PORT_BUILD
@@ -73,6 +75,24 @@ def target_side_check(tree: Path, build: Path, work: Path, base_target: Path) ->
     return out
 
 
+def _parity_summary(entry: dict) -> dict:
+    """One shape's parity figures for the report (parity-report.json in the work dir has all)."""
+    modes = {}
+    for name, m in entry["modes"].items():
+        if "skipped" in m:
+            modes[name] = {"skipped": m["skipped"]}
+            continue
+        modes[name] = {k: m[k] for k in ("threshold", "worst_nmse", "headroom", "compared", "worst_nmse_end_to_end",
+                                         "cost_bound", "worst_nmse_vs_float64", "controls",
+                                         "gross_control_margin", "kq_scale_1pct_caught")}
+        modes[name] |= {"chains_equal": all(c["chain_equal"] for c in m["cases"]),
+                        "max_ctx_rows": max(c["n_ctx"] for c in m["cases"]),
+                        "pass": all(c["pass"] for c in m["cases"])}
+    return {"modes": modes,
+            "draft_kv_bytes_per_token_f32": entry["modes"]["f32"]["cases"][0]["kv_bytes_per_token"],
+            "draft_kv_bytes_per_token_f16": entry["modes"]["f16-cache"]["cases"][0]["kv_bytes_per_token"]}
+
+
 def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | None = None,
               no_build: bool = False, server: bool = True, quick: bool = False, threads: int = 2) -> dict:
     """Every stage; the report's "ok" says whether all passed (see the module doc)."""
@@ -102,16 +122,10 @@ def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | 
             tree, build, work / "parity", lambda h, v, n: target_with_layers(target, work / "parity", n),
             hidden, vocab, threads=threads, log=_log))
         if parity is not None:
-            report["parity"] = {
-                name: {"modes": {m: {"worst_nmse": e["worst_nmse"], "threshold": e["threshold"],
-                                     "chains_equal": all(c["chain_equal"] for c in e["cases"]),
-                                     "max_ctx_rows": max(c["n_ctx"] for c in e["cases"]),
-                                     "pass": all(c["pass"] for c in e["cases"])}
-                                 for m, e in entry["modes"].items()},
-                       "controls_nmse": entry.get("controls"),
-                       "draft_kv_bytes_per_token_f32": entry["modes"]["f32"]["cases"][0]["kv_bytes_per_token"],
-                       "draft_kv_bytes_per_token_f16": entry["modes"]["f16-cache"]["cases"][0]["kv_bytes_per_token"]}
-                for name, entry in parity.report["configs"].items()}
+            report["parity"] = {name: _parity_summary(entry) for name, entry in parity.report["configs"].items()}
+            # per mode, on the machine that ran: bound / measured, and how far the controls land
+            report["parity_modes"] = {"system_info": parity.report.get("system_info"),
+                                      "modes": parity.report["modes"]}
             if not parity.passed:
                 report["stages"]["parity"] = {"ok": False, "error": "a parity case is over its threshold"}
 

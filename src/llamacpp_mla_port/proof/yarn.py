@@ -2,6 +2,8 @@
 
 The draft rotates only the `qk_rope_head_dim` part of each query/key, in INTERLEAVED
 pairs (x[2i], x[2i+1]) with frequency index i (GPT-J/DeepSeek style, not NeoX halves).
+`style="neox"` rotates the pairs (x[i], x[i + d/2]) instead: not the draft, a control for a
+runtime that picks the wrong rotation (llama.cpp's DFLASH default).
 
 DeepSeek-YaRN (the flavour this draft uses):
   * base frequencies        f_i = theta ** (-2i / d),  i = 0 .. d/2-1
@@ -37,6 +39,7 @@ class RopeConfig:
     beta_slow: float = 1.0
     mscale: float = 1.0
     mscale_all_dim: float = 0.0
+    style: str = "interleaved"    # "neox" only for controls: the draft is interleaved
 
     @classmethod
     def from_hf_config(cls, config: dict) -> "RopeConfig":
@@ -107,16 +110,72 @@ def attention_scale(rope: RopeConfig, qk_head_dim: int) -> float:
     return scale
 
 
-def rotate_interleaved(x: np.ndarray, positions: np.ndarray, rope: RopeConfig) -> np.ndarray:
+def rotate(x: np.ndarray, positions: np.ndarray, rope: RopeConfig, f32_angles: bool = False) -> np.ndarray:
+    """Rotate the last axis of x in the rope's pair style (interleaved for the draft)."""
+    if rope.style == "interleaved":
+        return rotate_interleaved(x, positions, rope, f32_angles)
+    if rope.style == "neox":
+        return rotate_neox(x, positions, rope, f32_angles)
+    raise ValueError(f"unknown rotation style {rope.style!r} (interleaved, neox)")
+
+
+def cos_sin(positions: np.ndarray, rope: RopeConfig, f32_angles: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [n_pos, dim/2] of every position and pair, float64; with `f32_angles` the
+    angles are the ones ggml's CPU rope computes in F32 (angles_f32)."""
+    if f32_angles:
+        angles = angles_f32(positions, rope)
+    else:
+        angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq(rope)[None, :]
+    mag = cos_sin_magnitude(rope)
+    return np.cos(angles) * mag, np.sin(angles) * mag
+
+
+def angles_f32(positions: np.ndarray, rope: RopeConfig) -> np.ndarray:
+    """The rotation angles [n_pos, dim/2] as ggml's CPU rope has them (ops.cpp, rope_yarn and
+    ggml_rope_cache_init), every step in F32: theta_scale = powf(base, -2/dim); the pair-i
+    angle is pos * theta_scale^i, multiplied up pair by pair; YaRN blends freq_scale * that with
+    it by the ramp, in one fused multiply-add. Past a few hundred positions an F32 angle is off
+    by ~1e-5 rad, which decides F16 roundings of the rotated values; float64 angles (the
+    default) are the exact function.
+    """
+    f32 = np.float32
+    half = rope.dim // 2
+    theta_scale = f32(np.float64(f32(rope.theta)) ** np.float64(f32(-2.0) / f32(rope.dim)))
+    step = np.asarray(positions).astype(f32)
+    extrap = np.empty((step.shape[0], half), dtype=f32)
+    for i in range(half):
+        extrap[:, i] = step
+        step = (step * theta_scale).astype(f32)
+    if not rope.yarn:
+        return extrap.astype(np.float64)
+    low, high = correction_range(rope)
+    ramp = (np.arange(half).astype(f32) - f32(low)) / f32(max(0.001, high - low))
+    mix = (f32(1) - np.minimum(f32(1), np.maximum(f32(0), ramp))).astype(f32)      # 1: extrapolate
+    interp = (f32(1.0 / rope.factor) * extrap).astype(f32)
+    tail = (extrap * mix).astype(f32)
+    blended = interp.astype(np.float64) * (f32(1) - mix).astype(np.float64) + tail.astype(np.float64)
+    return blended.astype(f32).astype(np.float64)
+
+
+def rotate_neox(x: np.ndarray, positions: np.ndarray, rope: RopeConfig, f32_angles: bool = False) -> np.ndarray:
+    """Rotate the last axis of x (size rope.dim) in NeoX halves: pair i is (x[i], x[i + dim/2])."""
+    if x.shape[-1] != rope.dim:
+        raise ValueError(f"rope part has {x.shape[-1]} dims, config says {rope.dim}")
+    cos, sin = cos_sin(positions, rope, f32_angles)
+    half = rope.dim // 2
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+
+
+def rotate_interleaved(x: np.ndarray, positions: np.ndarray, rope: RopeConfig,
+                       f32_angles: bool = False) -> np.ndarray:
     """Rotate the last axis of x (size rope.dim) in interleaved pairs.
 
     x: [..., n_pos, dim] where axis -2 matches `positions` ([n_pos]).
     """
     if x.shape[-1] != rope.dim:
         raise ValueError(f"rope part has {x.shape[-1]} dims, config says {rope.dim}")
-    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq(rope)[None, :]   # [n_pos, dim/2]
-    mag = cos_sin_magnitude(rope)
-    cos, sin = np.cos(angles) * mag, np.sin(angles) * mag
+    cos, sin = cos_sin(positions, rope, f32_angles)
     even, odd = x[..., 0::2], x[..., 1::2]
     out = np.empty_like(x, dtype=np.float64)
     out[..., 0::2] = even * cos - odd * sin

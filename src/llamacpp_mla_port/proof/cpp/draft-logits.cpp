@@ -17,6 +17,9 @@
 //                                 not return the unbiased logits when the Markov head runs, so they
 //                                 are rebuilt from llama.cpp's own hidden state and the target head
 //   confidence.npy     f4 [B]     sigmoid confidence (nextn output), only with a confidence head
+//   dump-NAME.npy      f4 [N, ne0] with --dump NAME,...: graph tensors by name from either decode
+//                                 (e.g. Kcur_injected-0, the context's K rows before the cache
+//                                 stores them), for a staged comparison (proof/parity.py)
 //   meta.json                     sizes and what ran
 //
 // Placement (default: everything on the CPU): --rpc HOST:PORT,... registers llama.cpp RPC
@@ -30,6 +33,7 @@
 #include "ggml-backend.h"
 
 #include "diag.h"
+#include "dump.h"
 #include "npy.h"
 
 #include <algorithm>
@@ -44,7 +48,7 @@
 #include <vector>
 
 struct args_t {
-    std::string draft, target, features, tokens, out;
+    std::string draft, target, features, tokens, out, dump;
     int32_t ctx_pos0   = 0;
     int32_t block_pos0 = -1;
     int32_t threads    = 2;
@@ -57,8 +61,8 @@ struct args_t {
 static void usage() {
     std::fprintf(stderr,
         "usage: draft-logits --draft D.gguf --target T.gguf --features F.npy --tokens IDS --out DIR\n"
-        "                    [--ctx-pos0 N] [--block-pos0 N] [--flash-attn on|off] [--cache-type f16|f32|bf16]\n"
-        "                    [--threads N] [--verbose]\n"
+        "                    [--ctx-pos0 N] [--block-pos0 N] [--flash-attn on|off] [--cache-type f16|f32|bf16|q8_0]\n"
+        "                    [--dump tensor-name,...] [--threads N] [--verbose]\n"
         "                    [--rpc HOST:PORT,...] [--draft-devices DEV,...] [--target-devices DEV,...]\n"
         "  F.npy: [C, taps * target_n_embd] float32/float64 target features for positions ctx-pos0 .. ctx-pos0+C-1\n"
         "  IDS:   comma-separated token ids or an int .npy: the block [anchor, MASK, ...] at block-pos0 (default ctx-pos0+C)\n");
@@ -88,6 +92,7 @@ static args_t parse_args(int argc, char ** argv) {
         else if (k == "--rpc")        a.rpc = val();
         else if (k == "--draft-devices")  a.draft_devices = val();
         else if (k == "--target-devices") a.target_devices = val();
+        else if (k == "--dump")       a.dump = val();
         else if (k == "--verbose")    a.verbose = true;
         else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
         else { usage(); die("unknown argument " + k); }
@@ -345,6 +350,14 @@ static int run(int argc, char ** argv) {
     cp.pooling_type    = LLAMA_POOLING_TYPE_NONE;
     cp.embeddings      = false;
     cp.ctx_other       = ctx_tgt;
+    dump_state dumps;
+    for (const auto & name : split_names(args.dump)) {
+        dumps.names.insert(name);
+    }
+    if (!dumps.names.empty()) {
+        cp.cb_eval           = dump_cb;
+        cp.cb_eval_user_data = &dumps;
+    }
     llama_context * ctx = llama_init_from_model(model_dft, cp);
     if (!ctx) {
         die("cannot create the draft context");
@@ -436,6 +449,7 @@ static int run(int argc, char ** argv) {
     if (has_conf) {
         npy_save(out + "/confidence.npy", "<f4", {n_block}, conf.data(), conf.size() * sizeof(float));
     }
+    dumps.save(out);
 
     // the draft's KV cache line, for bytes per token
     std::string kv_line;
@@ -473,6 +487,7 @@ static int run(int argc, char ** argv) {
          << "  \"target_devices\": \"" << json_escape(args.target_devices) << "\",\n"
          << "  \"kv_cache_bytes\": " << kv_bytes << ",\n"
          << "  \"kv_cells\": " << llama_n_ctx(ctx) << ",\n"
+         << "  \"system_info\": \"" << json_escape(llama_print_system_info()) << "\",\n"
          << "  \"kv_cache_line\": \"" << json_escape(kv_line) << "\"\n"
          << "}\n";
     std::ofstream(out + "/llama.log") << g_log;

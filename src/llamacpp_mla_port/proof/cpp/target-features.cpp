@@ -19,6 +19,7 @@
 #include "ggml-backend.h"
 
 #include "diag.h"
+#include "dump.h"
 #include "npy.h"
 
 #include <algorithm>
@@ -32,46 +33,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-// eval callback: keep a copy of every tensor whose name is in the --dump set
-struct dump_state {
-    std::set<std::string>                      names;
-    std::map<std::string, std::vector<float>>  data;
-    std::map<std::string, std::vector<int64_t>> shape;
-    std::set<std::string>                      seen;
-    bool                                       active = true;   // the prompt decode only
-};
-
-static bool dump_cb(struct ggml_tensor * t, bool ask, void * user_data) {
-    auto * st = (dump_state *) user_data;
-    const bool wanted = st->active && st->names.count(ggml_get_name(t)) > 0;
-    if (ask) {
-        st->seen.insert(ggml_get_name(t));
-        return wanted;
-    }
-    if (wanted) {
-        if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) {
-            die(std::string("--dump ") + ggml_get_name(t) + ": not a contiguous F32 tensor");
-        }
-        auto & buf = st->data[ggml_get_name(t)];
-        buf.resize((size_t) ggml_nelements(t));
-        ggml_backend_tensor_get(t, buf.data(), 0, ggml_nbytes(t));
-        st->shape[ggml_get_name(t)] = { t->ne[1] * t->ne[2] * t->ne[3], t->ne[0] };
-    }
-    return true;
-}
-
-static std::vector<std::string> split(const std::string & s) {
-    std::vector<std::string> v;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        if (!item.empty()) {
-            v.push_back(item);
-        }
-    }
-    return v;
-}
 
 static std::vector<int32_t> parse_list(const std::string & s) {
     std::vector<int32_t> v;
@@ -179,7 +140,7 @@ static int run(int argc, char ** argv) {
     cp.n_seq_max = 1;
     cp.n_threads = cp.n_threads_batch = threads;
     dump_state dumps;
-    for (const auto & name : split(dump)) {
+    for (const auto & name : split_names(dump)) {
         dumps.names.insert(name);
     }
     if (!dumps.names.empty()) {
@@ -255,17 +216,7 @@ static int run(int argc, char ** argv) {
     npy_save(out + "/prompt.npy", "<i4", {(int64_t) prompt_ids.size()}, prompt_ids.data(), prompt_ids.size() * sizeof(int32_t));
     npy_save(out + "/generated.npy", "<i4", {(int64_t) generated.size()}, generated.data(), generated.size() * sizeof(int32_t));
 
-    for (const auto & name : dumps.names) {
-        if (!dumps.data.count(name)) {
-            std::string seen;
-            for (const auto & n : dumps.seen) {
-                seen += " " + n;
-            }
-            die("--dump " + name + ": no tensor of that name was computed; the graph has:" + seen);
-        }
-        const auto & buf = dumps.data[name];
-        npy_save(out + "/dump-" + name + ".npy", "<f4", dumps.shape[name], buf.data(), buf.size() * sizeof(float));
-    }
+    dumps.save(out);
     std::ofstream meta(out + "/meta.json");
     meta << "{\n  \"n_tokens\": " << n_tok << ",\n  \"n_embd\": " << n_embd << ",\n  \"n_layer\": " << n_layer
          << ",\n  \"layers\": [";

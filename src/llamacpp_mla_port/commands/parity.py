@@ -1,0 +1,49 @@
+"""`parity`: the draft's logit-parity matrix (3 shapes x 5 precision modes) against one build,
+and the per-mode threshold table (the work is proof/parity.py).
+
+    llamacpp-mla-port parity [--build DIR] [--tree DIR] [--work DIR] [--json]
+
+Any build of the patched tree that has libllama and test-llama-archs will do, e.g. a
+portable one: `llamacpp-mla-port build --build-dir work/build-portable
+--cmake-arg=-DGGML_NATIVE=OFF --target llama --target test-llama-archs`. Exit 1 when a case
+is over its bound.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from llamacpp_mla_port.proof.parity import format_mode_table, run_matrix
+from llamacpp_mla_port.workspace import locate_build
+
+
+def configure(parser) -> None:
+    parser.add_argument("--build", type=Path, default=None,
+                        help="the CMake build dir to test (default: the work build)")
+    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="folder for checkpoints, runs and parity-report.json (default: a fresh temporary folder)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="print the mode table as JSON instead of text")
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def run(args) -> int:
+    tree, build = locate_build(args.tree, args.build)
+    work = args.work or Path(tempfile.mkdtemp(prefix="mla-port-parity-"))
+    result = run_matrix(tree.resolve(), build.resolve(), work.resolve(), threads=args.threads, log=_log)
+    table = result.report["modes"]
+    if args.json:
+        sys.stdout.write(json.dumps({"build": str(build), "system_info": result.report.get("system_info"),
+                                     "modes": table}, indent=2) + "\n")
+    else:
+        sys.stdout.write(f"build {build}: {result.report.get('system_info', '')}\n{format_mode_table(table)}\n"
+                         f"every figure per case: {work / 'parity' / 'parity-report.json'}\n")
+    return 0 if result.passed else 1
