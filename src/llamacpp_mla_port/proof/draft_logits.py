@@ -8,13 +8,13 @@ verb `draft-logits` (commands/draft_logits.py) is its command line.
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.proof.processes import run_bounded
 
 CACHE_TYPES = ("f16", "f32", "bf16", "q8_0")
 
@@ -26,7 +26,7 @@ class DraftLogits:
     biased_logits: np.ndarray      # [B, V] float32
     chain: np.ndarray              # [B] int32
     hidden: np.ndarray             # [B, E] float32
-    base_logits: np.ndarray        # [B, V] float64 (llama.cpp hidden x target lm_head)
+    base_logits: np.ndarray | None  # [B, V] float64 (llama.cpp hidden x target lm_head); None when skipped
     confidence: np.ndarray | None  # [B] float32 (after the sigmoid)
     meta: dict
     out_dir: Path
@@ -58,7 +58,7 @@ def parse_kv_bytes_per_token(line: str) -> float | None:
 def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarray | Path, tokens,
                      out_dir: Path, ctx_pos0: int = 0, block_pos0: int | None = None,
                      flash_attn: bool = False, cache_type: str = "f16", threads: int = 2,
-                     timeout: float = 600) -> DraftLogits:
+                     timeout: float = 600, base_logits: bool = True) -> DraftLogits:
     """Run the compiled draft-logits program; features may be an array (saved next to the outputs)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -72,7 +72,10 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
            "--flash-attn", "on" if flash_attn else "off", "--cache-type", cache_type, "--threads", str(threads)]
     if block_pos0 is not None:
         cmd += ["--block-pos0", str(block_pos0)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if not base_logits:
+        cmd.append("--no-base-logits")
+        (out_dir / "base_logits.npy").unlink(missing_ok=True)     # no stale file from an earlier run
+    proc = run_bounded(cmd, timeout)
     if proc.returncode != 0:
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("draft-logits: error:")]
         raise ProofError(f"draft-logits failed (exit {proc.returncode}): {' '.join(errors) or proc.stderr[-3000:]}",
@@ -83,11 +86,12 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
 def load_outputs(out_dir: Path) -> DraftLogits:
     out_dir = Path(out_dir)
     conf = out_dir / "confidence.npy"
+    base = out_dir / "base_logits.npy"
     return DraftLogits(
         biased_logits=np.load(out_dir / "biased_logits.npy"),
         chain=np.load(out_dir / "chain.npy"),
         hidden=np.load(out_dir / "hidden.npy"),
-        base_logits=np.load(out_dir / "base_logits.npy"),
+        base_logits=np.load(base) if base.exists() else None,
         confidence=np.load(conf) if conf.exists() else None,
         meta=json.loads((out_dir / "meta.json").read_text()),
         out_dir=out_dir,
