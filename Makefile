@@ -13,9 +13,11 @@ STAMP  := $(VENV)/.installed
 #   PATCH_ARGS="--source sdist"  or  PATCH_ARGS="--git-url ~/src/llama.cpp"
 #   BUILD_ARGS="--cmake-arg -DGGML_CUDA=ON"
 #   PYTEST_ARGS="-k engine -x"
+#   BENCH_ARGS="--threads 4 --stages models,floors,passes"
 PATCH_ARGS ?=
 BUILD_ARGS ?=
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: help venv patch check build smoke test test-slow pr bench clean-work clean
 
@@ -25,15 +27,15 @@ help:
 	@echo "make check       fail when patches/ drift from a fresh render of templates/"
 	@echo "make smoke       build, make fixtures, parity + lossless proof, one JSON report"
 	@echo "make test        the test suite (drift check, engine, runtime, converter, proof, doctor)"
-	@echo "make test-slow   realistic-size checks (real-config converter run, minutes, ~10 GB disk)"
+	@echo "make test-slow   real-size checks: real-config conversion, the real-size pair lossless (~20 GB disk)"
 	@echo "make pr          upstream kit: per-commit build/lint checks + evidence folder"
-	@echo "make bench       time make patch with a warm cache"
+	@echo "make bench       real-size draft vs measured floors, PyTorch, KV, tool timings: work/bench/report.md"
 	@echo "make clean-work  delete the tool-owned work dir ./work (llama.cpp tree + build)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,torch]'
+	$(BIN)/python -m pip install --quiet -e '.[test,torch,bench]'
 	@touch $@
 
 venv: $(STAMP)
@@ -60,7 +62,7 @@ pr: build
 	$(TOOL) pr
 
 bench: patch
-	$(BIN)/python benchmarks/bench_patch.py
+	$(TOOL) bench $(BENCH_ARGS)
 
 clean-work:
 	rm -rf work

@@ -146,7 +146,8 @@ def run_real_lossless(tree: Path, build: Path, work: Path, n_prompts: int = 4, n
         f"converted {draft.convert_seconds:.0f} s)")
 
     sizes = {"target": target.stat().st_size, "draft": draft.gguf.stat().st_size}
-    report: dict = {"n_prompts": n_prompts, "n_predict": n_predict, "draft_max": draft_max,
+    report: dict = {"files": {"target": str(target), "draft": str(draft.gguf)},
+                    "n_prompts": n_prompts, "n_predict": n_predict, "draft_max": draft_max,
                     "bigram_entries": len(bigrams), "file_bytes": sizes, "file_bytes_sum": sum(sizes.values()),
                     "convert_seconds": round(draft.convert_seconds, 1),
                     "convert_peak_rss_bytes": draft.convert_peak_rss_bytes, "speculative_simple": [], "server": None}

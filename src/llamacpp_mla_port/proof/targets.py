@@ -119,9 +119,10 @@ _VOCAB_NE1 = ("token_embd", "output")
 
 class _RandomRows:
     """A tensor written chunk by chunk (never whole in memory): gguf's writer only needs
-    .dtype, .nbytes and .tofile(fout). Values mean + std * N(0, 1), seeded per tensor."""
+    .dtype, .nbytes and .tofile(fout). Values mean + std * N(0, 1), seeded per tensor; torch
+    draws them (several times faster than numpy for the 2 x 1.17B values of a real-size head)."""
 
-    def __init__(self, ne: tuple[int, ...], mean: float, std: float, seed: tuple[int, ...], qtype,
+    def __init__(self, ne: tuple[int, ...], mean: float, std: float, seed: int, qtype,
                  chunk_elems: int = 16 * 1024 * 1024):
         from gguf import GGMLQuantizationType as Q
         self.ne, self.mean, self.std, self.seed, self.qtype = ne, mean, std, seed, qtype
@@ -131,16 +132,18 @@ class _RandomRows:
         self.rows_per_chunk = max(1, chunk_elems // ne[0])
 
     def tofile(self, fout) -> None:
+        import torch
         from gguf import GGMLQuantizationType as Q
-        from gguf.quants import quantize
-        rng = np.random.default_rng(self.seed)
+
+        gen = torch.Generator().manual_seed(self.seed)
         n_rows = self.n // self.ne[0]
         for r0 in range(0, n_rows, self.rows_per_chunk):
             rows = min(self.rows_per_chunk, n_rows - r0)
-            x = rng.standard_normal((rows, self.ne[0]), dtype=np.float32)
-            x *= np.float32(self.std)
-            x += np.float32(self.mean)
-            (quantize(x, Q.BF16) if self.qtype == Q.BF16 else x).tofile(fout)
+            x = torch.randn(rows, self.ne[0], generator=gen).mul_(self.std).add_(self.mean)
+            if self.qtype == Q.BF16:     # round to nearest even, as ggml's fp32 -> bf16
+                x.to(torch.bfloat16).view(torch.int16).numpy().tofile(fout)
+            else:
+                x.numpy().tofile(fout)
 
 
 def _widened(name: str, ne: tuple[int, ...], old_embd: int, n_embd: int, n_vocab: int) -> tuple[int, ...]:
@@ -226,7 +229,7 @@ def write_wide_kimi_k3_target(base_gguf: Path, out_path: Path, n_embd: int = 716
         if new_ne[0] != ne[0] and t.name.split(".")[0] not in ("token_embd",) and len(ne) > 1:
             std *= (ne[0] / new_ne[0]) ** 0.5          # ne0 is the fan-in of a ggml weight
         qtype = head_qtype if t.name.split(".")[0] in _VOCAB_NE1 else Q.F32
-        rows = _RandomRows(new_ne, float(data.mean()), std, (seed, idx), qtype)
+        rows = _RandomRows(new_ne, float(data.mean()), std, seed * 1_000_003 + idx, qtype)
         writer.add_tensor(t.name, rows, raw_shape=tuple(reversed(new_ne)), raw_dtype=qtype)  # type: ignore[arg-type]
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
