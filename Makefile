@@ -16,6 +16,7 @@ STAMP  := $(VENV)/.installed
 #   PYTEST_ARGS="-k engine -x"
 #   CANARY_ONTO=newest|bNNNNN|NAME==VERSION|COMMIT|PATH  CANARY_ARGS="--git-url ~/src/llama.cpp"
 #   PARITY_BUILD=work/build-portable   (make parity: the build to run the parity matrix on)
+#   BENCH_ARGS="--threads 4 --stages models,floors,passes"
 PATCH_ARGS ?=
 BUILD_ARGS ?=
 RPC ?=
@@ -24,6 +25,7 @@ CANARY_ONTO ?= newest
 CANARY_DIR ?= work-canary
 CANARY_ARGS ?=
 PARITY_BUILD ?= work/build
+BENCH_ARGS ?=
 
 .PHONY: help venv patch check build smoke parity test test-slow pr canary bench bench-rpc clean-work clean
 
@@ -35,17 +37,17 @@ help:
 	@echo "make smoke       build, make fixtures, parity + lossless proof, one JSON report"
 	@echo "make parity      the logit-parity matrix and threshold table on PARITY_BUILD (default work/build)"
 	@echo "make test        the test suite (drift check, engine, runtime, converter, proof, doctor)"
-	@echo "make test-slow   realistic-size checks (real-config converter run, minutes, ~10 GB disk)"
+	@echo "make test-slow   real-size checks: real-config conversion, the real-size pair lossless (~20 GB disk)"
 	@echo "make pr          upstream kit: per-commit build/lint checks + evidence folder"
 	@echo "make canary      render, apply, build and prove the series on the newest known upstream (./work-canary)"
-	@echo "make bench       time make patch with a warm cache"
+	@echo "make bench       real-size draft vs measured floors, PyTorch, KV, tool timings: work/bench/report.md"
 	@echo "make bench-rpc   local vs RPC (two loopback ggml-rpc-servers) timings, side by side"
 	@echo "make clean-work  delete the tool-owned work dirs ./work and ./work-canary"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,torch]'
+	$(BIN)/python -m pip install --quiet -e '.[test,torch,bench]'
 	@touch $@
 
 venv: $(STAMP)
@@ -78,7 +80,7 @@ canary: $(STAMP)
 	$(TOOL) rebase --onto $(CANARY_ONTO) --canary --prove --canary-dir $(CANARY_DIR) $(CANARY_ARGS)
 
 bench: patch
-	$(BIN)/python benchmarks/bench_patch.py
+	$(TOOL) bench $(BENCH_ARGS)
 
 bench-rpc: patch
 	$(BIN)/python benchmarks/bench_rpc.py

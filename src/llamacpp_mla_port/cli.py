@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "target-features": "dump the hidden states the patched Kimi-K3 target hands a draft",
     "parity": "the draft's logit-parity matrix against one build, with the per-mode threshold table",
     "smoke": "build, make fixtures, run parity and lossless checks, print one JSON report",
+    "bench": "the draft at Kimi-K3's real size against measured floors: work/bench/report.md",
     "pr": "check each commit builds and lints, run the proof, write an evidence folder",
     "rebase": "re-render the series against a newer upstream and move the pin forward",
 }

@@ -35,7 +35,9 @@ class ConversionRun:
 def run_converter(tree: Path, checkpoint_dir: Path, out_gguf: Path, target_model_dir: Path | None,
                   extra_args: Sequence[str] = ()) -> ConversionRun:
     """Like convert_checkpoint, but returns time, peak RSS and the log."""
-    tree, checkpoint_dir, out_gguf = Path(tree), Path(checkpoint_dir), Path(out_gguf)
+    # the converter runs with cwd=tree: every path it is given must be absolute
+    tree, checkpoint_dir, out_gguf = Path(tree).resolve(), Path(checkpoint_dir).resolve(), Path(out_gguf).resolve()
+    target_model_dir = Path(target_model_dir).resolve() if target_model_dir is not None else None
     script = tree / "convert_hf_to_gguf.py"
     if not script.is_file():
         raise ConversionError(f"no convert_hf_to_gguf.py in {tree}",

@@ -26,7 +26,7 @@ class DraftLogits:
     biased_logits: np.ndarray      # [B, V] float32
     chain: np.ndarray              # [B] int32
     hidden: np.ndarray             # [B, E] float32
-    base_logits: np.ndarray        # [B, V] float64 (llama.cpp hidden x target lm_head)
+    base_logits: np.ndarray | None  # [B, V] float64 (llama.cpp hidden x target lm_head); None when skipped
     confidence: np.ndarray | None  # [B] float32 (after the sigmoid)
     meta: dict
     out_dir: Path
@@ -61,7 +61,7 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
                      flash_attn: bool = False, cache_type: str = "f16", threads: int = 2,
                      timeout: float = 600, rpc: str | None = None, draft_devices: str | None = None,
                      target_devices: str | None = None, env: dict | None = None,
-                     dump: list[str] | tuple[str, ...] = ()) -> DraftLogits:
+                     dump: list[str] | tuple[str, ...] = (), base_logits: bool = True) -> DraftLogits:
     """Run the compiled draft-logits program; features may be an array (saved next to the outputs).
 
     rpc ("host:port,...") registers llama.cpp RPC servers; draft_devices / target_devices
@@ -87,6 +87,9 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
             cmd += [flag, value]
     if dump:
         cmd += ["--dump", ",".join(dump)]
+    if not base_logits:
+        cmd.append("--no-base-logits")
+        (out_dir / "base_logits.npy").unlink(missing_ok=True)     # no stale file from an earlier run
     proc = run_bounded(cmd, timeout, env=env)
     if proc.returncode != 0:
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("draft-logits: error:")]
@@ -98,11 +101,12 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
 def load_outputs(out_dir: Path) -> DraftLogits:
     out_dir = Path(out_dir)
     conf = out_dir / "confidence.npy"
+    base = out_dir / "base_logits.npy"
     return DraftLogits(
         biased_logits=np.load(out_dir / "biased_logits.npy"),
         chain=np.load(out_dir / "chain.npy"),
         hidden=np.load(out_dir / "hidden.npy"),
-        base_logits=np.load(out_dir / "base_logits.npy"),
+        base_logits=np.load(base) if base.exists() else None,
         confidence=np.load(conf) if conf.exists() else None,
         meta=json.loads((out_dir / "meta.json").read_text()),
         out_dir=out_dir,

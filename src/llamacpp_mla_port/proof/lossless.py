@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import threading
 import time
 import urllib.request
@@ -35,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.processes import LOCALHOST, Owned, free_port, run_bounded
+from llamacpp_mla_port.proof.processes import LOCALHOST, Measured, Owned, free_port, run_bounded
 
 N_PREDICT = 24
 PROMPTS: tuple[str, ...] = tuple(
@@ -56,9 +55,12 @@ class SpecRun:
     text: str
     n_drafted: int
     n_accepted: int
+    peak_rss_bytes: int | None = None
+    seconds: float = 0.0
+    log: str = ""
 
 
-def _run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], timeout: float = 300) -> Measured:
     proc = run_bounded(cmd, timeout)
     if proc.returncode != 0:
         raise ProofError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}):\n{proc.stderr[-2500:]}",
@@ -66,14 +68,17 @@ def _run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     return proc
 
 
-def target_alone(build: Path, target: Path, prompt: str, n_predict: int = N_PREDICT) -> str:
-    """llama-simple's greedy continuation (the text after the prompt's own rendering)."""
-    out = _run([str(Path(build) / "bin" / "llama-simple"), "-m", str(target), "-n", str(n_predict), prompt]).stdout
-    return out.strip()
+def target_alone(build: Path, target: Path, prompt: str, n_predict: int = N_PREDICT, measured: bool = False,
+                 timeout: float = 300):
+    """llama-simple's greedy text (the prompt's own rendering, then the continuation);
+    with `measured`, (text, the finished run with its peak RSS)."""
+    proc = _run([str(Path(build) / "bin" / "llama-simple"), "-m", str(target), "-n", str(n_predict), prompt], timeout)
+    return (proc.stdout.strip(), proc) if measured else proc.stdout.strip()
 
 
 def speculative_simple(build: Path, target: Path, draft: Path, prompt: str, draft_max: int, flash_attn: bool,
-                       p_min: float, n_predict: int = N_PREDICT, threads: int = 2, extra=()) -> SpecRun:
+                       p_min: float, n_predict: int = N_PREDICT, threads: int = 2, extra=(),
+                       timeout: float = 300) -> SpecRun:
     """One greedy llama-speculative-simple run; `extra` args go last (placement: --rpc, -dev, -devd ...)."""
     exe = str(Path(build) / "bin" / "llama-speculative-simple")
     cmd = [exe, "-m", str(target), "-md", str(draft),
@@ -83,7 +88,7 @@ def speculative_simple(build: Path, target: Path, draft: Path, prompt: str, draf
     # the statistics come through common's asynchronous logger; under heavy load a run has
     # been seen to exit 0 without them, so a run without statistics is repeated (twice at most)
     for _ in range(3):
-        proc = _run(cmd)
+        proc = _run(cmd, timeout)
         err = proc.stderr + proc.stdout
         drafted = re.search(r"n_drafted\s*=\s*(\d+)", err)
         accepted = re.search(r"n_accept\s*=\s*(\d+)", err)
@@ -91,7 +96,8 @@ def speculative_simple(build: Path, target: Path, draft: Path, prompt: str, draf
             break
     else:
         raise ProofError("llama-speculative-simple printed no n_drafted/n_accept (3 runs)", hint=" ".join(cmd))
-    return SpecRun(proc.stdout.strip(), int(drafted.group(1)), int(accepted.group(1)))
+    return SpecRun(proc.stdout.strip(), int(drafted.group(1)), int(accepted.group(1)), proc.peak_rss_bytes,
+                   proc.seconds, err)
 
 
 def same_greedy_output(spec_text: str, alone_text: str) -> bool:
@@ -106,8 +112,10 @@ class Server:
     """llama-server on a free loopback port, owned (processes.Owned): `close()` stops it."""
 
     def __init__(self, build: Path, target: Path, draft: Path | None, draft_max: int, flash_attn: bool,
-                 p_min: float, log_path: Path, parallel: int = 2, threads: int = 2, extra: list[str] = ()):
+                 p_min: float, log_path: Path, parallel: int = 2, threads: int = 2, extra: list[str] = (),
+                 request_timeout: float = 300, load_timeout: float = 120):
         self.port = free_port()
+        self.request_timeout = request_timeout
         cmd = [str(Path(build) / "bin" / "llama-server"), "-m", str(target), "--port", str(self.port),
                "--host", LOCALHOST, "-np", str(parallel), "-c", str(512 * parallel), "-t", str(threads),
                "-fa", "on" if flash_attn else "off", "--no-webui"]
@@ -117,7 +125,7 @@ class Server:
         self.cmd = cmd + list(extra)
         self.owned = Owned(self.cmd, log_path, name="llama-server")
         try:
-            self.owned.wait_http(f"http://{LOCALHOST}:{self.port}/health", seconds=120)
+            self.owned.wait_http(f"http://{LOCALHOST}:{self.port}/health", seconds=load_timeout)
         except BaseException:
             self.owned.stop()
             raise
@@ -127,7 +135,7 @@ class Server:
                            "seed": 1, "cache_prompt": False}).encode()
         req = urllib.request.Request(f"http://{LOCALHOST}:{self.port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=300) as r:
+        with urllib.request.urlopen(req, timeout=self.request_timeout) as r:
             return json.loads(r.read())
 
     def complete_all(self, prompts, n_predict: int, parallel: int = 2) -> list[dict]:
@@ -158,6 +166,14 @@ class Server:
             raise ProofError(f"llama-server request failed: {errors[0]}", hint=" ".join(self.cmd))
         return results  # type: ignore[return-value]
 
+    def tokenize(self, text: str) -> list[int]:
+        """The server's own token ids for text (no special tokens added)."""
+        body = json.dumps({"content": text}).encode()
+        req = urllib.request.Request(f"http://{LOCALHOST}:{self.port}/tokenize", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return [int(t) for t in json.loads(r.read())["tokens"]]
+
     def close(self):
         self.owned.stop()
 
@@ -171,13 +187,14 @@ class Server:
 # ---------------------------------------------------------------------------------------
 # fixtures
 
-def greedy_continuations(binary: Path, target: Path, prompts, work: Path, n_generate: int) -> list[np.ndarray]:
+def greedy_continuations(binary: Path, target: Path, prompts, work: Path, n_generate: int,
+                         timeout: float = 300) -> list[np.ndarray]:
     """Target-alone greedy token ids (prompt + continuation) from the target-features program."""
     seqs = []
     for i, prompt in enumerate(prompts):
         out = Path(work) / f"gen{i}"
         _run([str(binary), "--target", str(target), "--layers", "0", "--prompt", prompt,
-              "--generate", str(n_generate), "--out", str(out)])
+              "--generate", str(n_generate), "--out", str(out)], timeout)
         seqs.append(np.concatenate([np.load(out / "prompt.npy"), np.load(out / "generated.npy")]))
     return seqs
 

@@ -13,7 +13,9 @@ of the group when SIGTERM was not enough. Use an `Owned` as a context manager (o
       .kill()                    SIGKILL the group now (a crash, in fault tests); stop() reaps
       .stop()                    SIGTERM, bounded wait, SIGKILL of the whole group
     RpcServer(build, log_path)   llama.cpp's ggml-rpc-server on a free port, listening, own -t
-    run_bounded(cmd, timeout)    subprocess.run in its own group, the group killed on timeout
+    run_bounded(cmd, timeout)    subprocess.run in its own group, the group killed on timeout;
+                                 the result also has .peak_rss_bytes and .seconds of that child
+      Owned.peak_rss_bytes()     a live process's peak RSS so far (Linux VmHWM)
 """
 
 from __future__ import annotations
@@ -83,6 +85,16 @@ class Owned:
     def _died(self, what: str) -> ProofError:
         return ProofError(f"{self.name} exited with {self.proc.returncode} {what}; log {self.log_path}:\n"
                           f"{self.log_tail()}", hint=" ".join(self.cmd))
+
+    def peak_rss_bytes(self) -> int | None:
+        """The peak resident memory of the process so far (VmHWM; None when not on Linux or gone)."""
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return None
 
     # ------------------------------------------------------------------ waits
     def wait_port(self, port: int, seconds: float = 60, host: str = LOCALHOST) -> None:
@@ -194,20 +206,53 @@ class RpcServer(Owned):
         return f"{LOCALHOST}:{self.port}"
 
 
+class Measured(subprocess.CompletedProcess):
+    """A finished run with its own peak resident memory (ru_maxrss of that child) and wall time."""
+
+    peak_rss_bytes: int = 0
+    seconds: float = 0.0
+
+
 def run_bounded(cmd: Sequence[str], timeout: float, env: dict | None = None,
-                cwd: Path | None = None) -> subprocess.CompletedProcess:
+                cwd: Path | None = None) -> Measured:
     """subprocess.run with text output, in its own process group; on time-out the whole group
-    is killed and ProofError raised (a hang never outlives its bound)."""
+    is killed and ProofError raised (a hang never outlives its bound). The result also carries
+    the child's peak RSS (wait4 on that child alone) and its wall time."""
+    import tempfile
+
     cmd = [str(c) for c in cmd]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True, errors="replace", env=env, cwd=cwd, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc, signal.SIGKILL)
-        out, err = proc.communicate()
+    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, stdin=subprocess.DEVNULL,
+                                env=env, cwd=cwd, start_new_session=True)
+        deadline = start + timeout
+        status = usage = None
+        timed_out = False
+        try:
+            # output goes to files, not pipes, so polling wait4 cannot deadlock on a full pipe
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    _kill_group(proc, signal.SIGKILL)
+                    _, status, usage = os.wait4(proc.pid, 0)
+                    break
+                time.sleep(0.02)
+        finally:
+            if status is not None:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+            _kill_group(proc, signal.SIGKILL)      # anything it left behind in its group
+        seconds = time.monotonic() - start
+        out_f.seek(0)
+        err_f.seek(0)
+        out = out_f.read().decode("utf-8", "replace")
+        err = err_f.read().decode("utf-8", "replace")
+    if timed_out:
         raise ProofError(f"{Path(cmd[0]).name} did not finish within {timeout:g} s (killed); "
-                         f"stderr tail:\n{err[-2000:]}", hint=" ".join(cmd)) from None
-    finally:
-        _kill_group(proc, signal.SIGKILL)      # anything it left behind in its group
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+                         f"stderr tail:\n{err[-2000:]}", hint=" ".join(cmd))
+    res = Measured(cmd, proc.returncode, out, err)
+    res.peak_rss_bytes = usage.ru_maxrss * 1024 if usage is not None else 0   # KiB on Linux
+    res.seconds = seconds
+    return res

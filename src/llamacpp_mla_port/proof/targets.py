@@ -115,3 +115,138 @@ def write_deep_kimi_k3_target(base_gguf: Path, out_path: Path, layer_types: str 
     writer.close()
     tmp.replace(out_path)
     return out_path
+
+
+# ---------------------------------------------------------------------------------------
+# real width: the draft-facing parts of Kimi-K3 at n_embd 7168 and vocab 163840
+
+#: which axes of which Kimi-K3 tensors are n_embd / n_vocab (llama_model_kimi_k3::load_arch_tensors),
+#: in ggml order (ne0 first). Every other width (heads, LoRA ranks, FFN, KDA) stays the base's.
+_EMBD_NE0 = ("token_embd", "output", "attn_q_a", "attn_kv_a_mqa", "attn_gate", "ffn_gate", "ffn_up", "attn_q",
+             "attn_k", "attn_v", "ssm_f_a", "ssm_beta", "ssm_g", "ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp",
+             "ffn_routed_down")
+_EMBD_NE1 = ("attn_output", "ffn_down", "ffn_down_shexp", "ffn_routed_up")
+_EMBD_VEC = ("output_norm", "output_res_score", "attn_norm", "ffn_norm", "attn_res_score", "ffn_res_score")
+_VOCAB_NE1 = ("token_embd", "output")
+
+
+class _RandomRows:
+    """A tensor written chunk by chunk (never whole in memory): gguf's writer only needs
+    .dtype, .nbytes and .tofile(fout). Values mean + std * N(0, 1), seeded per tensor; torch
+    draws them (several times faster than numpy for the 2 x 1.17B values of a real-size head)."""
+
+    def __init__(self, ne: tuple[int, ...], mean: float, std: float, seed: int, qtype,
+                 chunk_elems: int = 16 * 1024 * 1024):
+        from gguf import GGMLQuantizationType as Q
+        self.ne, self.mean, self.std, self.seed, self.qtype = ne, mean, std, seed, qtype
+        self.dtype = np.dtype(np.uint16 if qtype == Q.BF16 else np.float32)
+        self.n = int(np.prod(ne))
+        self.nbytes = self.n * self.dtype.itemsize
+        self.rows_per_chunk = max(1, chunk_elems // ne[0])
+
+    def tofile(self, fout) -> None:
+        import torch
+        from gguf import GGMLQuantizationType as Q
+
+        gen = torch.Generator().manual_seed(self.seed)
+        n_rows = self.n // self.ne[0]
+        for r0 in range(0, n_rows, self.rows_per_chunk):
+            rows = min(self.rows_per_chunk, n_rows - r0)
+            x = torch.randn(rows, self.ne[0], generator=gen).mul_(self.std).add_(self.mean)
+            if self.qtype == Q.BF16:     # round to nearest even, as ggml's fp32 -> bf16
+                x.to(torch.bfloat16).view(torch.int16).numpy().tofile(fout)
+            else:
+                x.numpy().tofile(fout)
+
+
+def _widened(name: str, ne: tuple[int, ...], old_embd: int, n_embd: int, n_vocab: int) -> tuple[int, ...]:
+    stem = name.rsplit(".", 1)[0].split(".")[-1] if name.startswith("blk.") else name.split(".")[0]
+    ne = list(ne)
+    if stem in _EMBD_VEC and name.endswith(".weight"):
+        if ne[0] != old_embd:
+            raise GGUFError(f"{name}: expected {old_embd} wide, got {ne}")
+        ne[0] = n_embd
+    if stem in _EMBD_NE0 and name.endswith(".weight"):
+        if ne[0] != old_embd:
+            raise GGUFError(f"{name}: expected ne0 = n_embd {old_embd}, got {ne}")
+        ne[0] = n_embd
+    if stem in _EMBD_NE1 and name.endswith(".weight"):
+        if len(ne) < 2 or ne[1] != old_embd:
+            raise GGUFError(f"{name}: expected ne1 = n_embd {old_embd}, got {ne}")
+        ne[1] = n_embd
+    if stem in _VOCAB_NE1:
+        ne[1] = n_vocab
+    return tuple(ne)
+
+
+def write_wide_kimi_k3_target(base_gguf: Path, out_path: Path, n_embd: int = 7168, n_vocab: int = 163840,
+                              seed: int = 0, head_type: str = "bf16") -> Path:
+    """A Kimi-K3 GGUF like base_gguf (e.g. write_deep_kimi_k3_target's) at another n_embd and vocab.
+
+    Every tensor with an n_embd or vocab axis is regenerated at the new size (seeded normal
+    values with the base tensor's mean and std; a fan-in that grows scales the std by
+    sqrt(old / new) so activations keep their size), written chunk by chunk so the 2 x 1.17B
+    token_embd/output never sit in memory; the other tensors are copied verbatim. The
+    token_embd and output go in `head_type` (bf16 like a converted checkpoint, or f32),
+    the rest stays F32. The TEST tokenizer gets `n_vocab` tokens (ids print as hex).
+    """
+    import gguf
+    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFValueType as T
+
+    out_path = Path(out_path)
+    if out_path.is_file() and out_path.stat().st_size > 0:
+        return out_path
+    head_qtype = {"bf16": Q.BF16, "f32": Q.F32}.get(head_type)
+    if head_qtype is None:
+        raise GGUFError(f"head_type {head_type!r}: use bf16 or f32")
+    reader = GGUFReader(str(base_gguf))
+    if reader.fields["general.architecture"].contents() != ARCH:
+        raise GGUFError(f"{base_gguf} is not a {ARCH} model")
+    old_embd = int(reader.fields[f"{ARCH}.embedding_length"].contents())
+    old_vocab = int(reader.fields[f"{ARCH}.vocab_size"].contents())
+
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(tmp), arch=ARCH)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub_type = field.types[-1] if vtype == T.ARRAY else None
+        value = field.contents()
+        if name == f"{ARCH}.embedding_length":
+            value = n_embd
+        elif name == f"{ARCH}.vocab_size":
+            value = n_vocab
+        elif name == "tokenizer.ggml.tokens":
+            value = [f"tok_{i}" for i in range(n_vocab)]
+        elif name in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            if len(value) != old_vocab:
+                raise GGUFError(f"{base_gguf}: {name} has {len(value)} entries, vocab is {old_vocab}")
+            value = [value[0]] * n_vocab
+        if vtype == T.ARRAY and len(value) == 0:
+            continue
+        writer.add_key_value(name, value, vtype, sub_type)
+
+    for idx, t in enumerate(reader.tensors):
+        ne = tuple(int(x) for x in t.shape)
+        new_ne = _widened(t.name, ne, old_embd, n_embd, n_vocab)
+        if new_ne == ne:
+            writer.add_tensor(t.name, np.ascontiguousarray(t.data), raw_shape=tuple(reversed(ne)),
+                              raw_dtype=t.tensor_type)
+            continue
+        if t.tensor_type != Q.F32:
+            raise GGUFError(f"{base_gguf}: {t.name} is {t.tensor_type.name}; widening expects F32 tensors")
+        data = np.asarray(t.data, dtype=np.float32)
+        std = float(data.std())
+        if new_ne[0] != ne[0] and t.name.split(".")[0] not in ("token_embd",) and len(ne) > 1:
+            std *= (ne[0] / new_ne[0]) ** 0.5          # ne0 is the fan-in of a ggml weight
+        qtype = head_qtype if t.name.split(".")[0] in _VOCAB_NE1 else Q.F32
+        rows = _RandomRows(new_ne, float(data.mean()), std, seed * 1_000_003 + idx, qtype)
+        writer.add_tensor(t.name, rows, raw_shape=tuple(reversed(new_ne)), raw_dtype=qtype)  # type: ignore[arg-type]
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(out_path)
+    return out_path

@@ -16,6 +16,7 @@
 //   base_logits.npy    f8 [B, V]  hidden x the target's output.weight, in double: llama.cpp does
 //                                 not return the unbiased logits when the Markov head runs, so they
 //                                 are rebuilt from llama.cpp's own hidden state and the target head
+//                                 (--no-base-logits skips them: at real size the head is 4.7 GB as F32)
 //   confidence.npy     f4 [B]     sigmoid confidence (nextn output), only with a confidence head
 //   dump-NAME.npy      f4 [N, ne0] with --dump NAME,...: graph tensors by name from either decode
 //                                 (e.g. Kcur_injected-0, the context's K rows before the cache
@@ -56,13 +57,14 @@ struct args_t {
     std::string cache_type = "f16";
     std::string rpc, draft_devices, target_devices;
     bool verbose = false;
+    bool base_logits = true;
 };
 
 static void usage() {
     std::fprintf(stderr,
         "usage: draft-logits --draft D.gguf --target T.gguf --features F.npy --tokens IDS --out DIR\n"
         "                    [--ctx-pos0 N] [--block-pos0 N] [--flash-attn on|off] [--cache-type f16|f32|bf16|q8_0]\n"
-        "                    [--dump tensor-name,...] [--threads N] [--verbose]\n"
+        "                    [--dump tensor-name,...] [--threads N] [--no-base-logits] [--verbose]\n"
         "                    [--rpc HOST:PORT,...] [--draft-devices DEV,...] [--target-devices DEV,...]\n"
         "  F.npy: [C, taps * target_n_embd] float32/float64 target features for positions ctx-pos0 .. ctx-pos0+C-1\n"
         "  IDS:   comma-separated token ids or an int .npy: the block [anchor, MASK, ...] at block-pos0 (default ctx-pos0+C)\n");
@@ -94,6 +96,7 @@ static args_t parse_args(int argc, char ** argv) {
         else if (k == "--target-devices") a.target_devices = val();
         else if (k == "--dump")       a.dump = val();
         else if (k == "--verbose")    a.verbose = true;
+        else if (k == "--no-base-logits") a.base_logits = false;
         else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
         else { usage(); die("unknown argument " + k); }
     }
@@ -421,22 +424,25 @@ static int run(int argc, char ** argv) {
     }
 
     // base logits: llama.cpp's hidden state times the target's lm_head, accumulated in double
-    int64_t ne0 = 0, ne1 = 0;
-    const std::vector<float> head = read_gguf_tensor_f32(args.target, "output.weight", ne0, ne1);
-    if (ne0 != n_embd_dft || ne1 != n_vocab) {
-        die("target output.weight is " + std::to_string(ne0) + " x " + std::to_string(ne1) + ", expected " +
-            std::to_string(n_embd_dft) + " x " + std::to_string(n_vocab));
-    }
-    std::vector<double> base((size_t) n_block * n_vocab);
-    for (int32_t i = 0; i < n_block; ++i) {
-        const float * h = hidden.data() + (size_t) i * n_embd_dft;
-        for (int64_t v = 0; v < n_vocab; ++v) {
-            const float * w = head.data() + v * ne0;
-            double acc = 0.0;
-            for (int64_t e = 0; e < ne0; ++e) {
-                acc += (double) h[e] * (double) w[e];
+    std::vector<double> base;
+    if (args.base_logits) {
+        int64_t ne0 = 0, ne1 = 0;
+        const std::vector<float> head = read_gguf_tensor_f32(args.target, "output.weight", ne0, ne1);
+        if (ne0 != n_embd_dft || ne1 != n_vocab) {
+            die("target output.weight is " + std::to_string(ne0) + " x " + std::to_string(ne1) + ", expected " +
+                std::to_string(n_embd_dft) + " x " + std::to_string(n_vocab));
+        }
+        base.resize((size_t) n_block * n_vocab);
+        for (int32_t i = 0; i < n_block; ++i) {
+            const float * h = hidden.data() + (size_t) i * n_embd_dft;
+            for (int64_t v = 0; v < n_vocab; ++v) {
+                const float * w = head.data() + v * ne0;
+                double acc = 0.0;
+                for (int64_t e = 0; e < ne0; ++e) {
+                    acc += (double) h[e] * (double) w[e];
+                }
+                base[(size_t) i * n_vocab + v] = acc;
             }
-            base[(size_t) i * n_vocab + v] = acc;
         }
     }
 
@@ -445,7 +451,9 @@ static int run(int argc, char ** argv) {
     npy_save(out + "/biased_logits.npy", "<f4", {n_block, n_vocab}, biased.data(), biased.size() * sizeof(float));
     npy_save(out + "/chain.npy", "<i4", {n_block}, chain.data(), chain.size() * sizeof(int32_t));
     npy_save(out + "/hidden.npy", "<f4", {n_block, n_embd_dft}, hidden.data(), hidden.size() * sizeof(float));
-    npy_save(out + "/base_logits.npy", "<f8", {n_block, n_vocab}, base.data(), base.size() * sizeof(double));
+    if (args.base_logits) {
+        npy_save(out + "/base_logits.npy", "<f8", {n_block, n_vocab}, base.data(), base.size() * sizeof(double));
+    }
     if (has_conf) {
         npy_save(out + "/confidence.npy", "<f4", {n_block}, conf.data(), conf.size() * sizeof(float));
     }

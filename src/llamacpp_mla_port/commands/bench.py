@@ -1,0 +1,48 @@
+"""`bench`: the draft at Kimi-K3's real dimensions against floors measured in the same run
+(the work is bench/run.py; the report bench/report.py). `make bench` runs it.
+
+    llamacpp-mla-port bench [--out DIR] [--threads N] [--repeats R] [--reuse-models] [--stages a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+STAGES = ("models", "floors", "kv", "passes", "torch", "spec", "tool")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=None,
+                        help="report folder (default: <work dir>/bench): report.md, report.json, plots/, models/")
+    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
+    parser.add_argument("--build", type=Path, default=None, help="its build dir (default: the work build)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for every measured pass (default: all cores)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per pass, after one warm-up (default 3)")
+    parser.add_argument("--reuse-models", action="store_true",
+                        help="keep and reuse the real-size models of an earlier run (development)")
+    parser.add_argument("--stages", default=None,
+                        help=f"comma-separated subset of {','.join(STAGES)} (default: all; later stages need "
+                             "earlier ones; a subset updates the existing report.json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from llamacpp_mla_port.bench.run import run_bench
+    from llamacpp_mla_port.errors import PortError
+    from llamacpp_mla_port.workspace import default_work_dir, locate_build
+
+    stages = None
+    if args.stages:
+        stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+        unknown = sorted(set(stages) - set(STAGES))
+        if unknown:
+            raise PortError(f"unknown stage(s) {', '.join(unknown)}", hint=f"choose from {', '.join(STAGES)}")
+    tree, build = locate_build(args.tree, args.build)
+    out = args.out or default_work_dir() / "bench"
+    report = run_bench(tree, build, out, threads=args.threads, repeats=args.repeats,
+                       reuse_models=args.reuse_models, stages=stages)
+    seconds = report["last_partial_run_seconds"] if stages else report["total_seconds"]
+    print(f"report: {Path(out) / 'report.md'} ({seconds} s)")
+    failed = [k for k, v in report["stages"].items() if not v["ok"]]
+    return 1 if failed else 0

@@ -1,0 +1,432 @@
+// draft-bench: time the patched llama.cpp draft's two passes at whatever size the files have:
+//   * context injection of N target-feature rows (for each N of --inject),
+//   * one block of --block tokens [anchor, MASK...] over --block-ctx cached rows,
+// each --repeats times after one untimed warm-up, driven through the public API exactly like
+// draft-logits (ctx_other = a target context, non-causal block, nextn confidence rows).
+// With --profile, one more block runs with an eval callback that times every graph node
+// (the scheduler then computes node by node: slower in total, but the shares are per op).
+//
+// Output (--out): JSON {"inject": {"N": [seconds...]}, "block": [seconds...], "profile": [...], ...}
+#include "llama.h"
+#include "llama-ext.h"
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include "diag.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+struct args_t {
+    std::string draft, target, out;
+    std::vector<int> inject = {1, 64, 512};
+    int32_t block      = 7;
+    int32_t block_ctx  = 512;
+    int32_t repeats    = 3;
+    int32_t threads    = 2;
+    std::string flash_attn = "off";
+    std::string cache_type = "f16";
+    bool profile = false;
+    bool profile_only = false;
+    int32_t profile_inject = 0;
+    bool extra_bufts = true;
+    bool verbose = false;
+};
+
+static void usage() {
+    std::fprintf(stderr,
+        "usage: draft-bench --draft D.gguf --target T.gguf --out OUT.json [--inject 1,64,512] [--block 7]\n"
+        "                   [--block-ctx 512] [--repeats 3] [--threads N] [--flash-attn on|off]\n"
+        "                   [--cache-type f16|f32|bf16|q8_0] [--profile | --profile-only] [--no-extra-bufts]\n"
+        "                   [--verbose]\n"
+        "                   [--profile-inject N]\n"
+        "  --profile-only: no timed passes, only one warm-up block and the profiled block\n"
+        "  --profile-inject N: also profile one injection of N rows (after an untimed one)\n");
+}
+
+static std::vector<int> parse_ints(const std::string & s) {
+    std::vector<int> v;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (!item.empty()) {
+            v.push_back(std::stoi(item));
+        }
+    }
+    return v;
+}
+
+static args_t parse_args(int argc, char ** argv) {
+    args_t a;
+    for (int i = 1; i < argc; ++i) {
+        const std::string k = argv[i];
+        auto val = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                usage();
+                die("missing value for " + k);
+            }
+            return argv[++i];
+        };
+        if      (k == "--draft")      a.draft = val();
+        else if (k == "--target")     a.target = val();
+        else if (k == "--out")        a.out = val();
+        else if (k == "--inject")     a.inject = parse_ints(val());
+        else if (k == "--block")      a.block = std::stoi(val());
+        else if (k == "--block-ctx")  a.block_ctx = std::stoi(val());
+        else if (k == "--repeats")    a.repeats = std::stoi(val());
+        else if (k == "--threads")    a.threads = std::stoi(val());
+        else if (k == "--flash-attn") a.flash_attn = val();
+        else if (k == "--cache-type") a.cache_type = val();
+        else if (k == "--profile")    a.profile = true;
+        else if (k == "--profile-only") a.profile = a.profile_only = true;
+        else if (k == "--profile-inject") a.profile_inject = std::stoi(val());
+        else if (k == "--no-extra-bufts") a.extra_bufts = false;
+        else if (k == "--verbose")    a.verbose = true;
+        else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
+        else { usage(); die("unknown argument " + k); }
+    }
+    if (a.draft.empty() || a.target.empty() || a.out.empty()) {
+        usage();
+        die("--draft, --target and --out are required");
+    }
+    if (a.repeats < 1 || a.block < 1 || a.block_ctx < 0) {
+        die("--repeats and --block must be >= 1, --block-ctx >= 0");
+    }
+    return a;
+}
+
+static ggml_type parse_cache_type(const std::string & s) {
+    if (s == "f16")  return GGML_TYPE_F16;
+    if (s == "f32")  return GGML_TYPE_F32;
+    if (s == "bf16") return GGML_TYPE_BF16;
+    if (s == "q8_0") return GGML_TYPE_Q8_0;
+    die("unsupported --cache-type " + s + " (f16, f32, bf16, q8_0)");
+}
+
+static double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU time of the whole process: over a timed pass, / (wall x threads) near 1 means the
+// threads had the cores; well below, other processes took them and the time is not ours
+static double cpu_s() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// ---------------------------------------------------------------------------------------
+// per-node timing through the scheduler's eval callback
+
+struct node_time {
+    std::string name, op, type0, type1;
+    int64_t ne0[4], ne1[4], ne[4];
+    double seconds;
+    double cpu_seconds;   // process CPU time over the node: with --threads 1, the node's work, busy machine or not
+};
+
+struct profiler {
+    bool   on = false;
+    double t_ask = 0.0;
+    double c_ask = 0.0;
+    std::vector<node_time> nodes;
+};
+
+static bool profile_cb(ggml_tensor * t, bool ask, void * user) {
+    auto * p = (profiler *) user;
+    if (!p->on) {
+        return false;
+    }
+    if (ask) {
+        p->t_ask = now_s();
+        p->c_ask = cpu_s();
+        return true;    // observe every node: the scheduler computes them one at a time
+    }
+    node_time n;
+    n.seconds = now_s() - p->t_ask;
+    n.cpu_seconds = cpu_s() - p->c_ask;
+    n.name  = t->name;
+    n.op    = ggml_op_desc(t);
+    n.type0 = t->src[0] ? ggml_type_name(t->src[0]->type) : "";
+    n.type1 = t->src[1] ? ggml_type_name(t->src[1]->type) : "";
+    for (int i = 0; i < 4; ++i) {
+        n.ne[i]  = t->ne[i];
+        n.ne0[i] = t->src[0] ? t->src[0]->ne[i] : 0;
+        n.ne1[i] = t->src[1] ? t->src[1]->ne[i] : 0;
+    }
+    p->nodes.push_back(std::move(n));
+    return true;
+}
+
+static std::string json_str(const std::string & s) {
+    std::string o = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') {
+            o += '\\';
+        }
+        o += c;
+    }
+    return o + "\"";
+}
+
+static std::string json_ne(const int64_t * ne) {
+    return "[" + std::to_string(ne[0]) + "," + std::to_string(ne[1]) + "," + std::to_string(ne[2]) + "," +
+           std::to_string(ne[3]) + "]";
+}
+
+static std::string json_list(const std::vector<double> & v) {
+    std::string o = "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%.6f", v[i]);
+        o += (i ? "," : "") + std::string(buf);
+    }
+    return o + "]";
+}
+
+static int run(int argc, char ** argv) {
+    const args_t args = parse_args(argc, argv);
+    g_verbose = args.verbose;
+    llama_log_set(log_cb, nullptr);
+    llama_backend_init();
+
+    llama_model_params mparams = llama_model_default_params();
+    mparams.n_gpu_layers = 0;
+    mparams.use_extra_bufts = args.extra_bufts;
+    const double t_load0 = now_s();
+    llama_model * model_tgt = llama_model_load_from_file(args.target.c_str(), mparams);
+    if (!model_tgt) {
+        die("cannot load target " + args.target);
+    }
+    llama_model * model_dft = llama_model_load_from_file(args.draft.c_str(), mparams);
+    if (!model_dft) {
+        die("cannot load draft " + args.draft);
+    }
+    const double t_load = now_s() - t_load0;
+
+    const int32_t n_embd_tgt = llama_model_n_embd(model_tgt);
+    const int32_t n_taps     = (int32_t) llama_model_target_layer_ids_n(model_dft);
+    const int64_t width      = (int64_t) n_taps * n_embd_tgt;
+    const int32_t n_vocab    = llama_vocab_n_tokens(llama_model_get_vocab(model_tgt));
+    char mask_buf[64] = {};
+    llama_model_meta_val_str(model_dft, "tokenizer.ggml.mask_token_id", mask_buf, sizeof(mask_buf));
+    const llama_token mask_id = mask_buf[0] ? (llama_token) std::atol(mask_buf) : n_vocab - 3;
+
+    const int32_t n_inject_max = std::max({args.inject.empty() ? 0 : *std::max_element(args.inject.begin(), args.inject.end()),
+                                           args.block_ctx, args.profile_inject});
+
+    llama_context_params cp_tgt = llama_context_default_params();
+    cp_tgt.n_ctx     = 64;
+    cp_tgt.n_batch   = 64;
+    cp_tgt.n_ubatch  = 64;
+    cp_tgt.n_seq_max = 1;
+    cp_tgt.n_threads = cp_tgt.n_threads_batch = args.threads;
+    llama_context * ctx_tgt = llama_init_from_model(model_tgt, cp_tgt);
+    if (!ctx_tgt) {
+        die("cannot create the target context");
+    }
+
+    profiler prof, prof_inject;
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx           = (uint32_t) (n_inject_max + args.block + 256);
+    cp.n_batch         = (uint32_t) std::max(n_inject_max, args.block);
+    cp.n_ubatch        = cp.n_batch;   // one ubatch per pass, as the speculative driver uses
+    cp.n_seq_max       = 1;
+    cp.n_threads       = cp.n_threads_batch = args.threads;
+    cp.flash_attn_type = args.flash_attn == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.type_k          = parse_cache_type(args.cache_type);
+    cp.type_v          = cp.type_k;
+    cp.pooling_type    = LLAMA_POOLING_TYPE_NONE;
+    cp.embeddings      = false;
+    cp.ctx_other       = ctx_tgt;
+    // one callback for both profiles: it records into whichever profiler is switched on
+    struct profilers { profiler * block; profiler * inject; } profs = { &prof, &prof_inject };
+    if (args.profile || args.profile_inject > 0) {
+        cp.cb_eval = [](ggml_tensor * t, bool ask, void * user) {
+            auto * ps = (profilers *) user;
+            return profile_cb(t, ask, ps->block->on ? ps->block : ps->inject);
+        };
+        cp.cb_eval_user_data = &profs;
+    }
+    llama_context * ctx = llama_init_from_model(model_dft, cp);
+    if (!ctx) {
+        die("cannot create the draft context");
+    }
+    llama_set_causal_attn(ctx, false);
+    llama_set_embeddings_nextn(ctx, true, true);
+    llama_memory_t mem = llama_get_memory(ctx);
+
+    // random target features, N(0, 1): the values do not change the work
+    std::mt19937 rng(1234);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> feats((size_t) n_inject_max * width);
+    for (auto & x : feats) {
+        x = nd(rng);
+    }
+
+    llama_batch_ext * batch = llama_batch_ext_init(ctx);
+    double last_cpu = 0.0;   // CPU seconds of the last timed pass
+    auto inject = [&](int32_t n, int32_t pos0) {
+        llama_batch_ext_clear(batch);
+        for (int32_t i = 0; i < n; ++i) {
+            const llama_pos p = pos0 + i;
+            const llama_pos pos[4] = { p, p, p, 0 };
+            const llama_embd row = { feats.data() + (size_t) i * width, 1, (size_t) width };
+            const int32_t idx = llama_batch_ext_add_embd(batch, 0, row);
+            if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, pos) || !llama_batch_ext_set_output_embd(batch, idx, false)) {
+                die("cannot add feature row " + std::to_string(i));
+            }
+        }
+        const double t0 = now_s(), c0 = cpu_s();
+        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) {
+            die("feature injection of " + std::to_string(n) + " rows failed");
+        }
+        last_cpu = cpu_s() - c0;
+        return now_s() - t0;
+    };
+    auto run_block = [&](int32_t pos0) {
+        llama_batch_ext_clear(batch);
+        for (int32_t i = 0; i < args.block; ++i) {
+            const llama_pos p = pos0 + i;
+            const llama_token tok = i == 0 ? (llama_token) (n_vocab / 2) : mask_id;
+            const int32_t idx = llama_batch_ext_add_token(batch, 0, tok);
+            if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, &p) || !llama_batch_ext_set_output_logits(batch, idx, true)) {
+                die("cannot add block token " + std::to_string(i));
+            }
+        }
+        const double t0 = now_s(), c0 = cpu_s();
+        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) {
+            die("block decode failed");
+        }
+        last_cpu = cpu_s() - c0;
+        // the caller reads every row's logits: make sure they are there
+        for (int32_t i = 0; i < args.block; ++i) {
+            if (!llama_get_logits_ith(ctx, i)) {
+                die("no logits for block row " + std::to_string(i));
+            }
+        }
+        return now_s() - t0;
+    };
+
+    // injections: the cache emptied before each, one untimed warm-up per size
+    std::map<int, std::vector<double>> t_inject, c_inject;
+    for (int n : args.profile_only ? std::vector<int>() : args.inject) {
+        for (int r = 0; r <= args.repeats; ++r) {
+            llama_memory_clear(mem, true);
+            const double s = inject(n, 0);
+            if (r > 0) {
+                t_inject[n].push_back(s);
+                c_inject[n].push_back(last_cpu);
+            }
+        }
+    }
+
+    // block over block_ctx cached rows; its own rows are removed again after each run,
+    // as the speculative driver rolls them back
+    llama_memory_clear(mem, true);
+    if (args.block_ctx > 0) {
+        inject(args.block_ctx, 0);
+    }
+    std::vector<double> t_block, c_block;
+    for (int r = 0; r <= (args.profile_only ? 0 : args.repeats); ++r) {
+        const double s = run_block(args.block_ctx);
+        llama_memory_seq_rm(mem, 0, args.block_ctx, -1);
+        if (r > 0) {
+            t_block.push_back(s);
+            c_block.push_back(last_cpu);
+        }
+    }
+
+    double t_profiled = 0.0;
+    if (args.profile) {
+        prof.on = true;
+        t_profiled = run_block(args.block_ctx);
+        llama_memory_seq_rm(mem, 0, args.block_ctx, -1);
+        prof.on = false;
+    }
+
+    double t_profiled_inject = 0.0;
+    if (args.profile_inject > 0) {
+        llama_memory_clear(mem, true);
+        inject(args.profile_inject, 0);      // untimed: the graph for this size is built and reserved
+        llama_memory_clear(mem, true);
+        prof_inject.on = true;
+        t_profiled_inject = inject(args.profile_inject, 0);
+        prof_inject.on = false;
+    }
+
+    size_t kv_bytes = 0;
+    for (const auto & it : llama_get_memory_breakdown(ctx)) {
+        kv_bytes += it.second.context;
+    }
+
+    std::ofstream o(args.out);
+    o << "{\n  \"threads\": " << args.threads << ",\n"
+      << "  \"flash_attn\": " << json_str(args.flash_attn) << ",\n"
+      << "  \"cache_type\": " << json_str(args.cache_type) << ",\n"
+      << "  \"block\": " << args.block << ",\n"
+      << "  \"block_ctx\": " << args.block_ctx << ",\n"
+      << "  \"load_seconds\": " << t_load << ",\n"
+      << "  \"kv_cache_bytes\": " << kv_bytes << ",\n"
+      << "  \"kv_cells\": " << llama_n_ctx(ctx) << ",\n"
+      << "  \"n_vocab\": " << n_vocab << ",\n"
+      << "  \"inject\": {";
+    bool first = true;
+    for (const auto & it : t_inject) {
+        o << (first ? "" : ", ") << "\"" << it.first << "\": " << json_list(it.second);
+        first = false;
+    }
+    o << "},\n  \"inject_cpu\": {";
+    first = true;
+    for (const auto & it : c_inject) {
+        o << (first ? "" : ", ") << "\"" << it.first << "\": " << json_list(it.second);
+        first = false;
+    }
+    o << "},\n  \"block_seconds\": " << json_list(t_block) << ",\n";
+    o << "  \"block_cpu\": " << json_list(c_block) << ",\n";
+    o << "  \"extra_bufts\": " << (args.extra_bufts ? "true" : "false") << ",\n";
+    auto write_nodes = [&](const profiler & pr) {
+        for (size_t i = 0; i < pr.nodes.size(); ++i) {
+            const auto & n = pr.nodes[i];
+            o << (i ? ",\n    " : "\n    ") << "{\"name\": " << json_str(n.name) << ", \"op\": " << json_str(n.op)
+              << ", \"type0\": " << json_str(n.type0) << ", \"type1\": " << json_str(n.type1)
+              << ", \"ne\": " << json_ne(n.ne) << ", \"ne0\": " << json_ne(n.ne0) << ", \"ne1\": " << json_ne(n.ne1)
+              << ", \"seconds\": " << n.seconds << ", \"cpu_seconds\": " << n.cpu_seconds << "}";
+        }
+    };
+    o << "  \"profiled_block_seconds\": " << t_profiled << ",\n  \"profile\": [";
+    write_nodes(prof);
+    o << "],\n  \"profiled_inject_rows\": " << args.profile_inject << ",\n  \"profiled_inject_seconds\": "
+      << t_profiled_inject << ",\n  \"profile_inject\": [";
+    write_nodes(prof_inject);
+    o << "]\n}\n";
+    o.close();
+    std::ofstream(args.out + ".log") << g_log;
+
+    llama_batch_ext_free(batch);
+    llama_free(ctx);
+    llama_free(ctx_tgt);
+    llama_model_free(model_dft);
+    llama_model_free(model_tgt);
+    llama_backend_free();
+    return 0;
+}
+
+int main(int argc, char ** argv) {
+    g_prog = "draft-bench";
+    try {
+        return run(argc, argv);
+    } catch (const std::exception & err) {
+        die(err.what());
+    }
+}

@@ -1,0 +1,299 @@
+// ggml-floor: what this machine and this ggml build can do at best, for the benchmark's floors.
+//   * memory read bandwidth with T threads: each thread streams its slice of a buffer much larger
+//     than the caches (best of several passes); the weights of a draft pass are read once;
+//   * the GEMM rate ggml itself reaches: GGML_OP_MUL_MAT with a weight of the given type and
+//     shape [K, M] times F32 activations [K, N], computed by the CPU backend with T threads,
+//     the weight placed in the buffer type llama.cpp's loader would pick (an "extra" CPU
+//     buffer type such as AMX or CPU_REPACK when it supports the op, else plain CPU).
+//
+// usage: ggml-floor --threads T --out OUT.json [--bw-mib 2048] [--bw-passes 5]
+//                   [--gemm TYPE:K:M:N,...] [--repeats 3] [--no-extra-bufts]
+// Every timing comes with the process CPU time over it: wall x threads well above it means
+// other processes had the cores, and the figure is not the machine's.
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+[[noreturn]] static void die(const std::string & msg) {
+    std::fprintf(stderr, "ggml-floor: error: %s\n", msg.c_str());
+    std::exit(1);
+}
+
+static double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU time of the whole process: with wall time it says whether other processes took the cores
+static double cpu_s() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// ---------------------------------------------------------------------------------------
+// bandwidth
+
+static uint64_t sum_slice(const uint64_t * p, size_t n) {
+    // independent accumulators let the compiler keep several vector loads in flight
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        a0 += p[i + 0]; a1 += p[i + 1]; a2 += p[i + 2]; a3 += p[i + 3];
+        a4 += p[i + 4]; a5 += p[i + 5]; a6 += p[i + 6]; a7 += p[i + 7];
+    }
+    for (; i < n; ++i) {
+        a0 += p[i];
+    }
+    return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+
+static std::vector<double> bandwidth(size_t bytes, int threads, int passes, std::vector<double> * cpu_share) {
+    const size_t n = bytes / sizeof(uint64_t);
+    auto * buf = (uint64_t *) std::aligned_alloc(4096, n * sizeof(uint64_t));
+    if (!buf) {
+        die("cannot allocate the bandwidth buffer");
+    }
+    for (size_t i = 0; i < n; ++i) {
+        buf[i] = i * 0x9E3779B97F4A7C15ull;   // touch every page, non-zero data
+    }
+    std::vector<double> gbps;
+    std::atomic<uint64_t> sink{0};
+    for (int p = 0; p < passes; ++p) {
+        std::vector<std::thread> pool;
+        const double t0 = now_s(), c0 = cpu_s();
+        for (int t = 0; t < threads; ++t) {
+            pool.emplace_back([&, t]() {
+                const size_t b = n * t / threads, e = n * (t + 1) / threads;
+                sink += sum_slice(buf + b, e - b);
+            });
+        }
+        for (auto & th : pool) {
+            th.join();
+        }
+        const double wall = now_s() - t0;
+        gbps.push_back((double) (n * sizeof(uint64_t)) / wall / 1e9);
+        if (cpu_share) {
+            cpu_share->push_back((cpu_s() - c0) / (wall * threads));
+        }
+    }
+    std::free(buf);
+    if (sink.load() == 42) {
+        std::puts("");   // keep the sums alive
+    }
+    return gbps;
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMM
+
+struct gemm_spec {
+    std::string type;
+    int64_t k, m, n;
+};
+
+struct gemm_result {
+    gemm_spec spec;
+    std::string buft;
+    std::vector<double> seconds;
+    std::vector<double> cpu_seconds;
+};
+
+static ggml_type parse_type(const std::string & s) {
+    if (s == "f32")  return GGML_TYPE_F32;
+    if (s == "f16")  return GGML_TYPE_F16;
+    if (s == "bf16") return GGML_TYPE_BF16;
+    if (s == "q8_0") return GGML_TYPE_Q8_0;
+    if (s == "q4_0") return GGML_TYPE_Q4_0;
+    die("unsupported weight type " + s);
+}
+
+static std::vector<gemm_spec> parse_gemm(const std::string & s) {
+    std::vector<gemm_spec> v;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        std::stringstream is(item);
+        std::string type, k, m, n;
+        if (!std::getline(is, type, ':') || !std::getline(is, k, ':') || !std::getline(is, m, ':') || !std::getline(is, n, ':')) {
+            die("--gemm entries are TYPE:K:M:N, got " + item);
+        }
+        v.push_back({type, std::stoll(k), std::stoll(m), std::stoll(n)});
+    }
+    return v;
+}
+
+static void fill_uniform(std::vector<float> & v, uint64_t seed, float scale) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (auto & f : v) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        f = scale * ((float) (x >> 40) / (float) (1ull << 24) * 2.0f - 1.0f);
+    }
+}
+
+static gemm_result run_gemm(ggml_backend_t backend, ggml_backend_dev_t dev, const gemm_spec & g, int repeats,
+                            bool extra_bufts) {
+    const ggml_type wtype = parse_type(g.type);
+    if (g.k % ggml_blck_size(wtype) != 0) {
+        die("K = " + std::to_string(g.k) + " is not a multiple of the " + g.type + " block size");
+    }
+    ggml_init_params ip = { 8 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx_w = ggml_init(ip);
+    ggml_context * ctx_x = ggml_init(ip);
+    ggml_tensor * w = ggml_new_tensor_2d(ctx_w, wtype, g.k, g.m);
+    ggml_tensor * x = ggml_new_tensor_2d(ctx_x, GGML_TYPE_F32, g.k, g.n);
+    ggml_tensor * y = ggml_mul_mat(ctx_x, w, x);
+
+    // the loader's choice: the first extra buffer type whose device supports this op with it
+    ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+    if (get_extra && extra_bufts) {
+        for (ggml_backend_buffer_type_t * e = get_extra(dev); e && *e; ++e) {
+            ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(*e, 0);
+            w->buffer = dummy;
+            const bool ok = ggml_backend_dev_supports_op(dev, y);
+            w->buffer = nullptr;
+            ggml_backend_buffer_free(dummy);
+            if (ok) {
+                buft = *e;
+                break;
+            }
+        }
+    }
+    ggml_backend_buffer_t buf_w = ggml_backend_alloc_ctx_tensors_from_buft(ctx_w, buft);
+    ggml_backend_buffer_t buf_x = ggml_backend_alloc_ctx_tensors(ctx_x, backend);
+    if (!buf_w || !buf_x) {
+        die("cannot allocate the GEMM tensors");
+    }
+    ggml_backend_buffer_set_usage(buf_w, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+
+    {
+        // the weight, row chunk by row chunk: random F32 converted by ggml's own routine
+        const int64_t rows_per = std::max<int64_t>(1, (64ll << 20) / (g.k * 4));
+        std::vector<float> src;
+        std::vector<uint8_t> dst;
+        const size_t row_bytes = ggml_row_size(wtype, g.k);
+        for (int64_t r0 = 0; r0 < g.m; r0 += rows_per) {
+            const int64_t nr = std::min(rows_per, g.m - r0);
+            src.resize((size_t) (nr * g.k));
+            fill_uniform(src, (uint64_t) r0 + 7, 0.02f);
+            dst.resize((size_t) nr * row_bytes);
+            ggml_quantize_chunk(wtype, src.data(), dst.data(), 0, nr, g.k, nullptr);
+            ggml_backend_tensor_set(w, dst.data(), (size_t) r0 * row_bytes, dst.size());
+        }
+        std::vector<float> xs((size_t) (g.k * g.n));
+        fill_uniform(xs, 99, 1.0f);
+        ggml_backend_tensor_set(x, xs.data(), 0, xs.size() * sizeof(float));
+    }
+
+    ggml_cgraph * gf = ggml_new_graph(ctx_x);
+    ggml_build_forward_expand(gf, y);
+    gemm_result res{g, ggml_backend_buft_name(buft), {}, {}};
+    for (int r = 0; r <= repeats; ++r) {
+        const double t0 = now_s(), c0 = cpu_s();
+        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+            die("graph compute failed");
+        }
+        if (r > 0) {
+            res.seconds.push_back(now_s() - t0);
+            res.cpu_seconds.push_back(cpu_s() - c0);
+        }
+    }
+    ggml_backend_buffer_free(buf_w);
+    ggml_backend_buffer_free(buf_x);
+    ggml_free(ctx_w);
+    ggml_free(ctx_x);
+    return res;
+}
+
+static std::string json_list(const std::vector<double> & v) {
+    std::string o = "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%.6g", v[i]);
+        o += (i ? "," : "") + std::string(buf);
+    }
+    return o + "]";
+}
+
+int main(int argc, char ** argv) {
+    int threads = 2, passes = 5, repeats = 3;
+    size_t bw_mib = 2048;
+    bool extra_bufts = true;
+    std::string out, gemm;
+    for (int i = 1; i < argc; ++i) {
+        const std::string k = argv[i];
+        auto val = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                die("missing value for " + k);
+            }
+            return argv[++i];
+        };
+        if      (k == "--threads")   threads = std::stoi(val());
+        else if (k == "--out")       out = val();
+        else if (k == "--bw-mib")    bw_mib = std::stoul(val());
+        else if (k == "--bw-passes") passes = std::stoi(val());
+        else if (k == "--gemm")      gemm = val();
+        else if (k == "--repeats")   repeats = std::stoi(val());
+        else if (k == "--no-extra-bufts") extra_bufts = false;
+        else die("unknown argument " + k + " (see the header of ggml-floor.cpp)");
+    }
+    if (out.empty() || threads < 1) {
+        die("--out is required and --threads must be >= 1");
+    }
+
+    ggml_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
+    ggml_backend_load_all();
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!dev) {
+        die("no CPU backend device");
+    }
+    ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
+    auto set_threads = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(
+            ggml_backend_dev_backend_reg(dev), "ggml_backend_set_n_threads");
+    if (!set_threads) {
+        die("the CPU backend exposes no ggml_backend_set_n_threads");
+    }
+    set_threads(backend, threads);
+
+    std::vector<double> bw_cpu;
+    const std::vector<double> bw = bandwidth(bw_mib << 20, threads, passes, &bw_cpu);
+    const std::vector<double> bw1 = threads > 1 ? bandwidth(bw_mib << 20, 1, std::max(2, passes / 2), nullptr) : bw;
+    std::vector<gemm_result> gemms;
+    for (const auto & g : parse_gemm(gemm)) {
+        gemms.push_back(run_gemm(backend, dev, g, repeats, extra_bufts));
+        const auto & r = gemms.back();
+        std::fprintf(stderr, "ggml-floor: %s %lldx%lld x %lld on %s: %.1f GFLOP/s\n", g.type.c_str(), (long long) g.k,
+                     (long long) g.m, (long long) g.n, r.buft.c_str(),
+                     2.0 * g.k * g.m * g.n / *std::min_element(r.seconds.begin(), r.seconds.end()) / 1e9);
+    }
+
+    std::ofstream o(out);
+    o << "{\n  \"threads\": " << threads << ",\n  \"bandwidth\": {\"bytes\": " << (bw_mib << 20)
+      << ", \"gbps\": " << json_list(bw) << ", \"cpu_share\": " << json_list(bw_cpu)
+      << ", \"gbps_1_thread\": " << json_list(bw1) << "},\n  \"extra_bufts\": " << (extra_bufts ? "true" : "false")
+      << ",\n  \"gemm\": [";
+    for (size_t i = 0; i < gemms.size(); ++i) {
+        const auto & r = gemms[i];
+        o << (i ? ",\n    " : "\n    ") << "{\"type\": \"" << r.spec.type << "\", \"k\": " << r.spec.k << ", \"m\": " << r.spec.m
+          << ", \"n\": " << r.spec.n << ", \"buft\": \"" << r.buft << "\", \"seconds\": " << json_list(r.seconds)
+          << ", \"cpu_seconds\": " << json_list(r.cpu_seconds) << "}";
+    }
+    o << "]\n}\n";
+    ggml_backend_free(backend);
+    return 0;
+}
