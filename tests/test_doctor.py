@@ -220,9 +220,14 @@ def test_target_pairing_ok_and_taps_checked(tmp_path, capsys):
 
 def test_target_mismatches(tmp_path, capsys):
     draft = write_mla_draft(tmp_path / "d.gguf")
+    # a target with more tokens: the draft's vocabulary lies inside it (llama.cpp takes the pair)
     code, rep = doctor(capsys, draft, "--target", write_target(tmp_path / "t.gguf", n_vocab=80))
-    assert code == 2 and verdicts(rep["findings"], "target_vocab") == {"error"}
+    assert code == 2 and verdicts(rep["findings"], "target_vocab") == {"warning"}
     assert verdicts(rep["findings"], "target_tokenizer") == {"error"}
+    # a target with fewer tokens: the draft would propose ids the target does not have
+    code, rep = doctor(capsys, draft, "--target", write_target(tmp_path / "t1.gguf", n_vocab=48, mask=40))
+    assert code == 2 and verdicts(rep["findings"], "target_vocab") == {"error"}
+    assert "not inside the target's" in by_check(rep["findings"])["target_vocab"][0]["title"]
     code, rep = doctor(capsys, draft, "--target", write_target(tmp_path / "t2.gguf", n_embd=48))
     assert code == 2 and verdicts(rep["findings"], "target_n_embd") == {"error"}
 

@@ -277,6 +277,26 @@ def test_apply_failure_leaves_the_base_not_half_applied(opts):
     assert not (Path(repo.git_dir) / "rebase-apply").exists()
 
 
+def test_a_stale_git_lock_is_removed_a_live_one_refused(opts):
+    """A git killed mid-command leaves .git/index.lock; the tool's own tree recovers from it,
+    unless a process still runs inside the tree (then the lock may be live: refuse, touch nothing)."""
+    result = engine.patch(opts, log=lambda *_: None)
+    tree = Path(result["tree"])
+    lock = tree / ".git" / "index.lock"
+    lock.write_text("")
+    sleeper = subprocess.Popen(["sleep", "60"], cwd=tree)
+    try:
+        with pytest.raises(WorkTreeError, match="index.lock exists and a process is running inside"):
+            engine.patch(opts, log=lambda *_: None)
+        assert lock.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    engine.patch(opts, log=lambda *_: None)
+    assert not lock.exists()
+    assert gitutil.run(tree, "status", "--porcelain") == ""
+
+
 @pytest.mark.parametrize("delay", [0.3, 0.8, 1.5, 3.0])
 def test_interrupted_run_can_simply_be_rerun(tmp_path, sdist_tarball, delay):
     work, patches = tmp_path / "work", tmp_path / "patches"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,9 +139,22 @@ class Workspace:
                     f"+{base.ref}:refs/mla-port/base")
 
     # ------------------------------------------------------------------ checks
+    def _drop_stale_index_lock(self, repo: git.Repo) -> None:
+        """A git killed mid-command (an interrupted earlier run) leaves .git/index.lock behind
+        and every later git command refuses the tree. In the tool's own tree, a lock no live
+        process can hold (none runs inside the tree) is that leftover: remove it."""
+        lock = Path(repo.git_dir) / "index.lock"
+        if not lock.exists():
+            return
+        if _process_inside(self.tree):
+            raise WorkTreeError(f"{lock} exists and a process is running inside {self.tree}",
+                                "wait for that git (or llamacpp-mla-port) command to finish, then rerun")
+        lock.unlink(missing_ok=True)
+
     def require_clean(self, repo: git.Repo) -> None:
         """Refuse changes the tool did not make (edits, untracked files, user commits)."""
         state = self.state()
+        self._drop_stale_index_lock(repo)
         if (Path(repo.git_dir) / "rebase-apply").exists():
             if state.get("status") == "applying":
                 gitutil.run(repo, "am", "--abort")       # our own interrupted `git am`
@@ -170,3 +184,26 @@ class Workspace:
                 f"your work is safe on that commit: put it on a branch (`git -C {self.tree} "
                 f"branch my-work {head[:12]}`), then rerun; the tool will reset its own "
                 "branch only")
+
+
+def _process_inside(tree: Path) -> bool:
+    """Whether a live process (other than this one) has its working directory in `tree`: a git
+    command runs there. Without /proc (not Linux) a lock younger than a minute counts as live."""
+    tree = Path(tree).resolve()
+    proc = Path("/proc")
+    if not (proc / "self" / "cwd").exists():
+        lock = tree / ".git" / "index.lock"
+        try:
+            return time.time() - lock.stat().st_mtime < 60
+        except OSError:
+            return False
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            continue
+        if cwd == tree or tree in cwd.parents:
+            return True
+    return False
