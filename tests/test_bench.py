@@ -19,7 +19,11 @@ from llamacpp_mla_port.bench.run import _STATS, summarize_profile
 @pytest.fixture(scope="module")
 def target(llama_build, tmp_path_factory):
     from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-    return write_kimi_k3_target(llama_build, tmp_path_factory.mktemp("target") / "kimi-k3.gguf")
+    from llamacpp_mla_port.proof import parity
+    from llamacpp_mla_port.proof.targets import target_with_layers
+    d = tmp_path_factory.mktemp("target")
+    # deep enough for the parity drafts' taps (the runtime refuses a tap past the target's layers)
+    return target_with_layers(write_kimi_k3_target(llama_build, d / "kimi-k3.gguf"), d, parity.TARGET_LAYERS_NEEDED)
 
 
 @pytest.fixture(scope="module")
