@@ -277,6 +277,19 @@ def test_apply_failure_leaves_the_base_not_half_applied(opts):
     assert not (Path(repo.git_dir) / "rebase-apply").exists()
 
 
+def test_relative_work_dirs_name_one_place(tmp_path, sdist_tarball, monkeypatch):
+    """`--work-dir work-x` (as `make canary`'s --canary-dir work-canary): git runs in several
+    directories, so the tool must not resolve the relative path against each of them."""
+    monkeypatch.setenv("MLA_PORT_PROJECT", str(REPO))
+    monkeypatch.chdir(tmp_path)
+    rel = engine.Options(work_dir=Path("rel-work"), patches_dir=Path("rel-patches"),
+                         source="sdist", sdist_file=sdist_tarball)
+    result = engine.patch(rel, log=lambda *_: None)
+    assert Path(result["tree"]) == tmp_path / "rel-work" / "llama.cpp"
+    assert gitutil.run(tmp_path / "rel-work" / "llama.cpp", "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
+    assert not (tmp_path / "rel-work" / "rel-work").exists()
+
+
 def test_a_stale_git_lock_is_removed_a_live_one_refused(opts):
     """A git killed mid-command leaves .git/index.lock; the tool's own tree recovers from it,
     unless a process still runs inside the tree (then the lock may be live: refuse, touch nothing)."""

@@ -81,7 +81,8 @@ def resolve_dirs(templates_dir: Path | None, patches_dir: Path | None) -> tuple[
         here = current()
         templates_dir = here.templates_dir if templates_dir is None else templates_dir
         patches_dir = here.patches_dir if patches_dir is None else patches_dir
-    return Path(templates_dir), Path(patches_dir)
+    # absolute: git commands run in the work tree, where a relative path names something else
+    return Path(templates_dir).absolute(), Path(patches_dir).absolute()
 
 
 def current() -> Project:

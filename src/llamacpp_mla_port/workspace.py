@@ -53,6 +53,11 @@ def locate_build(tree: str | Path | None = None, build: str | Path | None = None
 class Workspace:
     work_dir: Path
 
+    def __post_init__(self) -> None:
+        # absolute: git runs in several directories (the clone in the work dir's parent), so a
+        # relative --work-dir / --canary-dir would name a different place for each of them
+        object.__setattr__(self, "work_dir", Path(self.work_dir).absolute())
+
     @property
     def tree(self) -> Path:
         return self.work_dir / "llama.cpp"
