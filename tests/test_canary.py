@@ -414,3 +414,15 @@ def test_make_canary_on_the_newest_known_upstream(tmp_path):
     assert report["stages"]["anchor"]["found"] == report["stages"]["anchor"]["changes"]
     figures = report["stages"]["proof"]["figures"]
     assert figures["lossless_runs"]["identical"] == figures["lossless_runs"]["runs"] == 28
+
+
+def test_a_relative_canary_dir_names_one_place(tmp_path, monkeypatch):
+    """`make canary` passes --canary-dir work-canary: git runs inside the canary tree, so the
+    options hold it (and the patches under it) absolute."""
+    from llamacpp_mla_port.canary import CanaryOptions
+
+    monkeypatch.chdir(tmp_path)
+    opts = CanaryOptions(onto="newest", canary_dir=Path("work-canary"),
+                         templates_dir=Path("t"), patches_dir=Path("p"))
+    assert opts.canary_dir == tmp_path / "work-canary"
+    assert opts.templates_dir == tmp_path / "t" and opts.patches_dir == tmp_path / "p"

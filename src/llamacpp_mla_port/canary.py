@@ -69,7 +69,8 @@ class CanaryOptions:
 
     def __post_init__(self) -> None:
         self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
-        self.canary_dir = Path(self.canary_dir) if self.canary_dir else default_canary_dir()
+        # absolute: git runs inside the canary tree, where a relative path names something else
+        self.canary_dir = (Path(self.canary_dir) if self.canary_dir else default_canary_dir()).absolute()
 
 
 class _Failed(Exception):
