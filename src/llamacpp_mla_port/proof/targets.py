@@ -74,23 +74,19 @@ def write_deep_kimi_k3_target(base_gguf: Path, out_path: Path, layer_types: str 
     tmp = out_path.with_name(out_path.name + ".tmp")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(tmp), arch=ARCH)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == T.ARRAY else None
-        value = field.contents()
+
+    def edit(name: str, value, vtype):
         if name == f"{ARCH}.block_count":
-            value = n_layer
-        elif name == f"{ARCH}.attn_res.block_size":
-            value = attn_res_block_size
-        elif name in per_layer:
-            value = [per_layer[name](ty) for ty in layer_types]
-        elif vtype == T.ARRAY and isinstance(value, list) and len(value) == n_base and name.startswith(ARCH):
+            return n_layer
+        if name == f"{ARCH}.attn_res.block_size":
+            return attn_res_block_size
+        if name in per_layer:
+            return [per_layer[name](ty) for ty in layer_types]
+        if vtype == T.ARRAY and isinstance(value, list) and len(value) == n_base and name.startswith(ARCH):
             raise GGUFError(f"{base_gguf}: per-layer key {name} is not handled; extend targets.per_layer")
-        if vtype == T.ARRAY and len(value) == 0:
-            continue
-        writer.add_key_value(name, value, vtype, sub_type)
+        return value
+
+    _copy_keys(reader, writer, edit)
 
     def add(name: str, t) -> None:
         # ggml ne [a, b, ...] is numpy shape reversed; t.data is already laid out that way
@@ -109,12 +105,7 @@ def write_deep_kimi_k3_target(base_gguf: Path, out_path: Path, layer_types: str 
         for sub, t in ffn_src.items():
             if _is_ffn(sub):
                 add(f"blk.{il}.{sub}", t)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(out_path)
-    return out_path
+    return _finish(writer, tmp, out_path)
 
 
 # ---------------------------------------------------------------------------------------
@@ -191,7 +182,7 @@ def write_wide_kimi_k3_target(base_gguf: Path, out_path: Path, n_embd: int = 716
     the rest stays F32. The TEST tokenizer gets `n_vocab` tokens (ids print as hex).
     """
     import gguf
-    from gguf import GGMLQuantizationType as Q, GGUFReader, GGUFValueType as T
+    from gguf import GGMLQuantizationType as Q, GGUFReader
 
     out_path = Path(out_path)
     if out_path.is_file() and out_path.stat().st_size > 0:
@@ -208,25 +199,21 @@ def write_wide_kimi_k3_target(base_gguf: Path, out_path: Path, n_embd: int = 716
     tmp = out_path.with_name(out_path.name + ".tmp")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(tmp), arch=ARCH)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == T.ARRAY else None
-        value = field.contents()
+
+    def edit(name: str, value, vtype):
         if name == f"{ARCH}.embedding_length":
-            value = n_embd
-        elif name == f"{ARCH}.vocab_size":
-            value = n_vocab
-        elif name == "tokenizer.ggml.tokens":
-            value = [f"tok_{i}" for i in range(n_vocab)]
-        elif name in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            return n_embd
+        if name == f"{ARCH}.vocab_size":
+            return n_vocab
+        if name == "tokenizer.ggml.tokens":
+            return [f"tok_{i}" for i in range(n_vocab)]
+        if name in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
             if len(value) != old_vocab:
                 raise GGUFError(f"{base_gguf}: {name} has {len(value)} entries, vocab is {old_vocab}")
-            value = [value[0]] * n_vocab
-        if vtype == T.ARRAY and len(value) == 0:
-            continue
-        writer.add_key_value(name, value, vtype, sub_type)
+            return [value[0]] * n_vocab
+        return value
+
+    _copy_keys(reader, writer, edit)
 
     for idx, t in enumerate(reader.tensors):
         ne = tuple(int(x) for x in t.shape)
@@ -244,6 +231,27 @@ def write_wide_kimi_k3_target(base_gguf: Path, out_path: Path, n_embd: int = 716
         qtype = head_qtype if t.name.split(".")[0] in _VOCAB_NE1 else Q.F32
         rows = _RandomRows(new_ne, float(data.mean()), std, seed * 1_000_003 + idx, qtype)
         writer.add_tensor(t.name, rows, raw_shape=tuple(reversed(new_ne)), raw_dtype=qtype)  # type: ignore[arg-type]
+    return _finish(writer, tmp, out_path)
+
+
+def _copy_keys(reader, writer, edit) -> None:
+    """Every key of `reader` but GGUF.* and the architecture into `writer`, each value through
+    edit(name, value, vtype); empty arrays are dropped (gguf cannot write their element type)."""
+    from gguf import GGUFValueType as T
+
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub_type = field.types[-1] if vtype == T.ARRAY else None
+        value = edit(name, field.contents(), vtype)
+        if vtype == T.ARRAY and len(value) == 0:
+            continue
+        writer.add_key_value(name, value, vtype, sub_type)
+
+
+def _finish(writer, tmp: Path, out_path: Path) -> Path:
+    """Write the file next to its destination, then move it into place (no half-written GGUF)."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
