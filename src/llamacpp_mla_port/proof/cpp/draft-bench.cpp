@@ -12,6 +12,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
+#include "clock.h"
 #include "diag.h"
 
 #include <algorithm>
@@ -113,17 +114,6 @@ static ggml_type parse_cache_type(const std::string & s) {
     die("unsupported --cache-type " + s + " (f16, f32, bf16, q8_0)");
 }
 
-static double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// CPU time of the whole process: over a timed pass, / (wall x threads) near 1 means the
-// threads had the cores; well below, other processes took them and the time is not ours
-static double cpu_s() {
-    timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 // ---------------------------------------------------------------------------------------
 // per-node timing through the scheduler's eval callback

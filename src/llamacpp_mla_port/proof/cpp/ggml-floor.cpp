@@ -14,6 +14,8 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 
+#include "clock.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,16 +35,6 @@
     std::exit(1);
 }
 
-static double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// CPU time of the whole process: with wall time it says whether other processes took the cores
-static double cpu_s() {
-    timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 // ---------------------------------------------------------------------------------------
 // bandwidth

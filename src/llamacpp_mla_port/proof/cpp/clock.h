@@ -1,0 +1,18 @@
+// Clocks shared by the timing programs (draft-bench, ggml-floor).
+#pragma once
+
+#include <chrono>
+#include <ctime>
+
+// wall time, monotonic
+inline double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU time of the whole process: over a timed pass, / (wall x threads) near 1 means the
+// threads had the cores; well below, other processes took them and the time is not ours
+inline double cpu_s() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
