@@ -105,6 +105,10 @@ def test_a_hunk_that_does_not_apply_ends_at_apply_with_the_rejected_hunk(world, 
 def _ccache_stats() -> dict[str, int] | None:
     if shutil.which("ccache") is None:
         return None
+    # ccache switched off (CCACHE_DISABLE, or disable = true in its config): it counts nothing
+    disabled = subprocess.run(["ccache", "--get-config", "disable"], capture_output=True, text=True).stdout
+    if disabled.strip() == "true":
+        return None
     out = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True).stdout
     stats = dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
     return {"hits": int(stats.get("direct_cache_hit", 0)) + int(stats.get("preprocessed_cache_hit", 0)),
