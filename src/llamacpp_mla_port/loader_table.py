@@ -74,17 +74,23 @@ class Block:
         return " ".join(i if isinstance(i, str) else i.header + " { " + i.text() + " }" for i in self.items)
 
 
+def _literal_end(src: str, i: int) -> int:
+    """Index just past the string or char literal that opens at src[i] (escapes skipped)."""
+    quote, j, n = src[i], i + 1, len(src)
+    while j < n and src[j] != quote:
+        j += 2 if src[j] == "\\" else 1
+    return j + 1
+
+
 def _strip_comments(src: str) -> str:
     """Comments out, string and char literals kept (a '//' inside a string stays)."""
     out, i, n = [], 0, len(src)
     while i < n:
         c = src[i]
         if c in "\"'":
-            j = i + 1
-            while j < n and src[j] != c:
-                j += 2 if src[j] == "\\" else 1
-            out.append(src[i:j + 1])
-            i = j + 1
+            j = _literal_end(src, i)
+            out.append(src[i:j])
+            i = j
         elif src.startswith("//", i):
             i = src.find("\n", i)
             i = n if i < 0 else i
@@ -131,11 +137,9 @@ def scan(body: str) -> Block:
     while i < n:
         c = body[i]
         if c in "\"'":
-            j = i + 1
-            while j < n and body[j] != c:
-                j += 2 if body[j] == "\\" else 1
-            buf.append(body[i:j + 1])
-            i = j + 1
+            j = _literal_end(body, i)
+            buf.append(body[i:j])
+            i = j
             continue
         if c == "(":
             paren += 1
