@@ -14,6 +14,7 @@ so every process gets one thread (-t/-td, rpc-server -t).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -51,17 +52,24 @@ def pair(patched_tree, llama_build, work):
     return lossless.prepare_pair(patched_tree, llama_build, work / "pair", base, N_PROMPTS, draft_names=("bigram",))
 
 
-@pytest.fixture(scope="module")
-def servers(llama_build, work):
-    """Two rpc-servers for the lossless tests (the fault tests start their own)."""
+@contextlib.contextmanager
+def _two_servers(llama_build, log_dir):
+    """Two rpc-servers on free loopback ports, one thread each; every one started is stopped."""
     started: list[RpcServer] = []
     try:
         for i in range(2):
-            started.append(RpcServer(llama_build, work / f"rpc{i}.log", threads=1))
+            started.append(RpcServer(llama_build, log_dir / f"rpc{i}.log", threads=1))
         yield started
     finally:
         for s in started:
             s.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(llama_build, work):
+    """Two rpc-servers for the lossless tests (the fault tests start their own)."""
+    with _two_servers(llama_build, work) as started:
+        yield started
 
 
 def _endpoints(servers) -> list[str]:
@@ -173,14 +181,8 @@ def test_draft_logits_through_rpc_equal_the_local_ones(patched_tree, llama_build
 @pytest.fixture
 def own_servers(llama_build, tmp_path):
     """Two fresh rpc-servers per fault test (one of them gets killed)."""
-    started: list[RpcServer] = []
-    try:
-        for i in range(2):
-            started.append(RpcServer(llama_build, tmp_path / f"rpc{i}.log", threads=1))
+    with _two_servers(llama_build, tmp_path) as started:
         yield started
-    finally:
-        for s in started:
-            s.stop()
 
 
 # generated text: the test tokenizer renders ids as hex, so a long hex run means tokens are flowing
