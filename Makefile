@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # Pass-through knobs (see README):
 #   PATCH_ARGS="--source sdist"  or  PATCH_ARGS="--git-url ~/src/llama.cpp"
 #   BUILD_ARGS="--cmake-arg=-DGGML_CUDA=ON"
-#   RPC=1          make build adds llama.cpp's RPC backend and ggml-rpc-server
+#   RPC=0          make build without llama.cpp's RPC backend (on by default: one configuration for all)
 #   PYTEST_ARGS="-k engine -x"
 #   CANARY_ONTO=newest|bNNNNN|NAME==VERSION|COMMIT|PATH  CANARY_ARGS="--git-url ~/src/llama.cpp"
 #   PARITY_BUILD=work/build-portable   (make parity: the build to run the parity matrix on)
@@ -31,8 +31,7 @@ BENCH_ARGS ?=
 
 help:
 	@echo "make patch       pinned llama.cpp + the series applied in ./work/llama.cpp; patches/ exported"
-	@echo "make build       CMake build of the patched tree in ./work/build (after make patch)"
-	@echo "make build RPC=1 the same plus llama.cpp's RPC backend and ggml-rpc-server (a model spread over hosts)"
+	@echo "make build       CMake build of the patched tree in ./work/build, with the RPC backend (the one build the tests reuse)"
 	@echo "make check       fail when patches/ drift from a fresh render of templates/"
 	@echo "make smoke       build, make fixtures, parity + lossless proof, one JSON report"
 	@echo "make parity      the logit-parity matrix and threshold table on PARITY_BUILD (default work/build)"
@@ -59,7 +58,7 @@ check: $(STAMP)
 	$(TOOL) check $(PATCH_ARGS)
 
 build: patch
-	$(TOOL) build $(if $(filter 1,$(RPC)),--rpc) $(BUILD_ARGS)
+	$(TOOL) build $(if $(filter 0,$(RPC)),--no-rpc) $(BUILD_ARGS)
 
 smoke: build
 	$(TOOL) smoke

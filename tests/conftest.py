@@ -3,7 +3,7 @@
 `patched_tree`: the pinned llama.cpp with the CURRENT templates rendered and applied
 (`engine.patch` into the default work dir, exporting into a temporary patches dir so the
 tests never rewrite the checked-in patches/). `llama_build`: its CMake build dir, configured
-with the RPC backend (`make build RPC=1`'s configuration).
+with the RPC backend (`make build`'s one configuration).
 MLA_PORT_TREE / MLA_PORT_BUILD point both at another tree/build (development).
 """
 

@@ -105,4 +105,4 @@ def test_rpc_server_without_the_rpc_build_says_how_to_get_it(tmp_path):
     (tmp_path / "bin").mkdir()
     with pytest.raises(ProofError, match="no RPC backend") as err:
         RpcServer(tmp_path, tmp_path / "rpc.log")
-    assert "make build RPC=1" in err.value.hint
+    assert "make build (not RPC=0)" in err.value.hint

@@ -27,14 +27,15 @@ from typing import Iterable, Sequence
 
 from llamacpp_mla_port.errors import BuildError
 
-#: What the job (server/cli), the proof (speculative-simple, simple) and the tests
-#: (test-llama-archs writes the tiny Kimi-K3 target) need.
+#: What the job (server/cli), the proof (speculative-simple, simple), the tests
+#: (test-llama-archs writes the tiny Kimi-K3 target) and the RPC tests (ggml-rpc-server) need.
 DEFAULT_TARGETS: tuple[str, ...] = (
     "llama-server",
     "llama-cli",
     "llama-speculative-simple",
     "llama-simple",
     "test-llama-archs",
+    "ggml-rpc-server",
 )
 
 #: Options every configure gets; user --cmake-arg values come after and win.
@@ -52,7 +53,8 @@ BASE_CMAKE_ARGS: tuple[str, ...] = (
 
 #: llama.cpp's RPC backend (a model spread over hosts, `--rpc host:port,...`) and the server
 #: each host runs. GGML_RPC adds a PUBLIC compile definition to ggml, so switching it
-#: recompiles everything (ccache makes the second configuration cheap).
+#: recompiles everything: it is on in the one configuration that `make build`, the tests,
+#: smoke, bench and the canary share (rpc=False, `build --no-rpc`, only for a build dir of its own).
 RPC_CMAKE_ARGS: tuple[str, ...] = ("-DGGML_RPC=ON",)
 RPC_TARGETS: tuple[str, ...] = ("ggml-rpc-server",)
 
@@ -156,16 +158,18 @@ def _run_logged(cmd: list[str], log_path: Path, stage: str, echo: bool,
 
 def ensure_build(tree: Path, build_dir: Path, targets: Iterable[str] = DEFAULT_TARGETS,
                  cmake_args: Sequence[str] = (), jobs: int | None = None, echo: bool = True,
-                 rpc: bool = False) -> Path:
+                 rpc: bool = True) -> Path:
     """Configure (when needed) and build `targets` of `tree` into `build_dir`; returns build_dir.
 
     Reconfigures only when the build dir has no cache or the CMake options changed, so a
-    rerun is an incremental Ninja build. Binaries end up in <build_dir>/bin. `rpc` adds the
-    RPC backend (RPC_CMAKE_ARGS, before the caller's options) and its server (RPC_TARGETS).
+    rerun is an incremental Ninja build. Binaries end up in <build_dir>/bin. `rpc` (the
+    default, so every caller shares one configuration) adds the RPC backend (RPC_CMAKE_ARGS,
+    before the caller's options); without it ggml-rpc-server is dropped from the targets.
     """
     if rpc:
         cmake_args = [*RPC_CMAKE_ARGS, *cmake_args]
-        targets = [*targets, *(t for t in RPC_TARGETS if t not in targets)]
+    else:
+        targets = [t for t in targets if t not in RPC_TARGETS]
     tree = Path(tree)
     build_dir = Path(build_dir)
     if not (tree / "CMakeLists.txt").is_file():

@@ -21,9 +21,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cmake-arg", dest="cmake_args", action="append", default=[], metavar="ARG",
                         help="extra CMake configure option, e.g. --cmake-arg=-DGGML_CUDA=ON "
                              "(with '=', the value starts with a dash; repeatable)")
-    parser.add_argument("--rpc", action="store_true",
-                        help="also build llama.cpp's RPC backend (-DGGML_RPC=ON) and ggml-rpc-server, "
-                             "to spread a model over hosts (`--rpc host:port,...`)")
+    parser.add_argument("--rpc", dest="rpc", action="store_true", default=True,
+                        help="llama.cpp's RPC backend (-DGGML_RPC=ON) and ggml-rpc-server (the default: "
+                             "the one configuration the tests, smoke, bench and the canary share)")
+    parser.add_argument("--no-rpc", dest="rpc", action="store_false",
+                        help="without the RPC backend (reconfigures and recompiles a shared build dir: "
+                             "give it a --build-dir of its own)")
     parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     parser.add_argument("--quiet", action="store_true", help="do not stream the build output")
 
@@ -33,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     tree = args.tree or work_dir / "llama.cpp"
     build_dir = args.build_dir or work_dir / "build"
     targets = args.targets or list(DEFAULT_TARGETS)
-    if args.rpc:
-        targets += [t for t in RPC_TARGETS if t not in targets]
+    if not args.rpc:
+        targets = [t for t in targets if t not in RPC_TARGETS]
     out = ensure_build(tree, build_dir, targets, args.cmake_args, jobs=args.jobs, echo=not args.quiet, rpc=args.rpc)
     print(f"built {' '.join(targets)} in {out / 'bin'}")
     return 0

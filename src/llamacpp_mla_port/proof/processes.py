@@ -191,7 +191,7 @@ class RpcServer(Owned):
         binary = Path(build) / "bin" / "ggml-rpc-server"
         if not binary.is_file():
             raise ProofError(f"{binary} not found: this llama.cpp build has no RPC backend",
-                             hint="build it with the RPC backend: make build RPC=1")
+                             hint="build it with the RPC backend: make build (not RPC=0)")
         self.port = free_port()
         super().__init__([binary, "--host", LOCALHOST, "--port", self.port, "--threads", threads], log_path,
                          env=env, name=f"ggml-rpc-server {LOCALHOST}:{self.port}")

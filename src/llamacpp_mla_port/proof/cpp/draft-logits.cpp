@@ -148,7 +148,7 @@ static std::vector<std::string> split_list(const std::string & s) {
 static void add_rpc_servers(const std::string & servers) {
     ggml_backend_reg_t reg = ggml_backend_reg_by_name("RPC");
     if (!reg) {
-        die("--rpc: this llama.cpp build has no RPC backend (configure it with -DGGML_RPC=ON: make build RPC=1)");
+        die("--rpc: this llama.cpp build has no RPC backend (configure it with -DGGML_RPC=ON: make build, not RPC=0)");
     }
     using add_server_fn = ggml_backend_reg_t (*)(const char * endpoint);
     auto add_server = (add_server_fn) ggml_backend_reg_get_proc_address(reg, "ggml_backend_rpc_add_server");
