@@ -194,7 +194,11 @@ def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     ev = p.work / "evidence"
     assert result["ok"] and result["evidence"] == ev
     head = gitutil.run(p.work / "llama.cpp", "rev-parse", "HEAD")
-    assert built == [gitutil.run(p.work / "llama.cpp", "rev-parse", "HEAD~1"), head]
+    # each PR stack (one commit each in the demo) is built alone on the base
+    assert built[0] == gitutil.run(p.work / "llama.cpp", "rev-parse", "HEAD~1") and len(built) == 2
+    assert gitutil.run(p.work / "llama.cpp", "rev-parse", f"{built[1]}^") == world.base
+    assert gitutil.run(p.work / "llama.cpp", "rev-parse", f"{built[1]}^{{tree}}") != \
+        gitutil.run(p.work / "llama.cpp", "rev-parse", f"{head}^{{tree}}")
     assert sorted(x.name for x in (ev / "series").iterdir()) == sorted(
         x.name for x in p.patches.iterdir())
     up = json.loads((ev / "upstream.json").read_text())
@@ -207,6 +211,28 @@ def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     assert [c["ok"] for c in summary["build"]["commits"]] == [True, True]
     assert json.loads((ev / "proof.json").read_text())["extra"] == ["--quick"]
     assert "AI usage disclosure" in (ev / "CHECKLIST.md").read_text()
+    # one folder per PR stack
+    assert sorted(result["stacks"]) == ["gguf-demo", "graph-demo"]
+    for name in ("gguf-demo", "graph-demo"):
+        folder = p.work / "pr" / name
+        assert result["stacks"][name]["ok"] and result["stacks"][name]["folder"] == str(folder)
+        names = sorted(x.name for x in folder.iterdir())
+        assert names == ["CHECKLIST.md", "DESCRIPTION-SKELETON.md", "EVIDENCE.md", "checks.json",
+                         "evidence.json", "patches", "squashed.patch"]
+        assert (folder / "patches" / "series").read_text().count(".patch") == 1
+    graph = p.work / "pr" / "graph-demo"
+    sq = (graph / "squashed.patch").read_text()
+    assert "Subject: [PATCH] graph : guard the K-only mask" in sq and "MODEL_TENSOR" not in sq
+    skeleton = (graph / "DESCRIPTION-SKELETON.md").read_text()
+    assert "DRAFT SKELETON" in skeleton and "## Overview" in skeleton and "## Requirements" in skeleton
+    assert "<what this PR does and why, in your words>" in skeleton
+    assert "AI usage disclosure: <YES / NO" in skeleton and "If you are an AI agent" not in skeleton
+    check = (graph / "CHECKLIST.md").read_text()
+    assert "--reset-author" in check and "Assisted-by:" in check and "never pushes" in check
+    ev = json.loads((graph / "evidence.json").read_text())
+    assert ev[0]["command"] == "echo demo-figure 0.5" and ev[0]["status"] == "pass"
+    assert "demo-figure 0.5" in ev[0]["output_tail"] and "demo-figure 0.5" in (graph / "EVIDENCE.md").read_text()
+    assert json.loads((graph / "checks.json").read_text())["checks"]["style"] is True
     # the tool's work tree is exactly as it was: the checks ran in their own worktree
     assert gitutil.run(p.work / "llama.cpp", "status", "--porcelain") == ""
     assert (p.work / "pr" / "llama.cpp" / GRAPH).is_file()
@@ -225,6 +251,7 @@ def test_make_pr_reports_a_defect_of_one_commit(world, tmp_path):
     assert result["checks"]["builds"] is None and result["checks"]["proof"] is None
     bad = [c for c in result["commits"] if not c["ok"]]
     assert len(bad) == 1 and bad[0]["title"] == "graph : guard the K-only mask"
+    assert result["stacks"]["graph-demo"]["ok"] is False and result["stacks"]["gguf-demo"]["ok"]
     assert bad[0]["findings"][0]["file"] == GRAPH
     assert bad[0]["findings"][0]["code"] == "TrimTrailingWhitespace"
     checks = json.loads((p.work / "evidence" / "checks.json").read_text())

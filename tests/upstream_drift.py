@@ -110,6 +110,10 @@ title = "gguf-py : list two more DFLASH tensors"
 
 [stacks.graph-demo]
 title = "graph : guard the K-only mask"
+
+[[stacks.graph-demo.evidence]]
+claim = "the demo's claim"
+command = "echo demo-figure 0.5"
 '''
 
 

@@ -82,8 +82,8 @@ class Series:
 
     def only(self, stack: Stack) -> "Series":
         """This series reduced to one stack's commits (rendered alone on the base)."""
-        return dataclasses.replace(self, commits=tuple(c for c in self.commits
-                                                      if c.slug in stack.commits))
+        kept = tuple(c for c in self.commits if c.slug in stack.commits)
+        return dataclasses.replace(self, commits=kept)
 
 
 def _load_toml(path: Path) -> dict:
@@ -186,6 +186,9 @@ def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
                                    "(see templates/README.md, PR stacks)")
     names = list(raw)
     for name, table in raw.items():
+        if name in ("build", "evidence"):
+            raise PortDescriptionError(f"{path}: [stacks.{name}]: the name is taken by "
+                                       "`make pr`'s own folders (work/pr/build)", "rename the stack")
         if not _STACK.match(name) or not isinstance(table, dict):
             raise PortDescriptionError(f"{path}: [stacks.{name}] is not a table named with "
                                        "lowercase letters, digits and dashes", "e.g. [stacks.rpc]")

@@ -15,6 +15,12 @@ disclosure to be the contributor's own). Steps:
 4. An evidence folder (default <work-dir>/evidence/): the series (patches/), the upstream it
    applies to, every check result, the proof's figures, and CHECKLIST.md mirroring the
    tree's .github/pull_request_template.md, with the AI-use disclosure left for the author.
+5. One folder per pull request (<work-dir>/pr/<stack>/, templates/port.toml [stacks]): the
+   stack rendered alone on the base (patches/ and squashed.patch, both re-applied), its
+   commits checked and built in order from the base, upstream's style rules on its
+   messages and added lines, EVIDENCE.md (each claim, the command behind it, its result),
+   DESCRIPTION-SKELETON.md (the PR template's sections with placeholders: the words are the
+   author's, the tool writes no description) and CHECKLIST.md.
 """
 
 from __future__ import annotations
@@ -34,10 +40,11 @@ from typing import Callable, Iterable
 
 import git
 
-from llamacpp_mla_port import engine, gitutil, project
+from llamacpp_mla_port import engine, gitutil, project, stacks as stacks_mod, style
 from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG
 from llamacpp_mla_port.errors import PortError, SeriesError, WorkTreeError
 from llamacpp_mla_port.pin import load_pin
+from llamacpp_mla_port.port import Stack, load_series
 from llamacpp_mla_port.workspace import Workspace, default_work_dir
 
 #: what every commit must build: the library through the tools the job and the proof use,
@@ -429,6 +436,175 @@ def checklist(template: str | None, checks: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------- PR folders
+SMOKE_COMMAND = ".venv/bin/llamacpp-mla-port smoke"
+DESCRIPTION = "DESCRIPTION-SKELETON.md"
+EVIDENCE = "EVIDENCE.md"
+
+
+def run_evidence(stack: Stack, cwd: Path, proof: dict | None, skip: bool, log=print) -> list[dict]:
+    """Each claim of the stack with the command behind it, run from the project checkout:
+    exit status, seconds and the output's tail. The proof's own command is the `smoke` run
+    make_pr already did (its report is proof.json)."""
+    out = []
+    for ev in stack.evidence:
+        entry = {"claim": ev.claim, "command": ev.command}
+        if ev.command.strip() == SMOKE_COMMAND:
+            if proof is None or proof.get("status") == "skipped":
+                entry.update(status="not run", note="the proof was skipped (--skip-smoke)")
+            else:
+                entry.update(status="pass" if proof.get("ok") else "FAIL",
+                             note="the proof of this run: proof.json, figures in evidence.json",
+                             figures=proof_summary(proof))
+        elif skip:
+            entry.update(status="not run", note="--skip-evidence: run the command yourself")
+        else:
+            log(f"pr: evidence for {stack.name}: {ev.command}")
+            t0 = time.monotonic()
+            proc = subprocess.run(ev.command, shell=True, cwd=cwd, capture_output=True, text=True)
+            entry.update(status="pass" if proc.returncode == 0 else "FAIL", rc=proc.returncode,
+                         seconds=round(time.monotonic() - t0, 1),
+                         output_tail=(proc.stdout + proc.stderr)[-2000:])
+        out.append(entry)
+    return out
+
+
+def evidence_markdown(stack: Stack, entries: list[dict], facts: dict) -> str:
+    lines = [f"# Evidence for the `{stack.name}` pull request", "",
+             "Every claim the PR makes, the command that shows it (run from the project "
+             "checkout) and what it gave in this run. Cite these, not the tool.", "",
+             f"- base: {facts['base']}", f"- commits: {len(facts['commits'])}, "
+             f"+{facts['added']}/-{facts['removed']} lines in {len(facts['files'])} files",
+             f"- applies alone on the base: {facts['applies_alone']} (patches/ and "
+             f"{stacks_mod.SQUASHED}, re-applied with `git apply`)", ""]
+    for i, e in enumerate(entries, 1):
+        lines += [f"## {i}. {e['claim']}", "", "```sh", e["command"], "```", "",
+                  f"- result: **{e['status']}**" + (f" (exit {e['rc']}, {e['seconds']} s)"
+                                                    if "rc" in e else ""),
+                  *([f"- {e['note']}"] if e.get("note") else []), ""]
+        if e.get("figures"):
+            lines += ["```json", json.dumps(e["figures"], indent=2), "```", ""]
+        if e.get("output_tail"):
+            tail = e["output_tail"].strip().splitlines()[-5:]
+            lines += ["```", *tail, "```", ""]
+    return "\n".join(lines)
+
+
+def description_skeleton(template: str | None, stack: Stack, facts: dict) -> str:
+    """The PR template's sections with placeholders and the facts to draw on. It is a
+    skeleton, not a description: llama.cpp's AGENTS.md and CONTRIBUTING.md require the
+    description to be the author's own words."""
+    lines = [f"<!-- DRAFT SKELETON for the `{stack.name}` PR: replace every <...> with your own",
+             "words and delete this comment. The tool writes no PR description. -->", "",
+             f"Title: <your title; the stack's commit subject is `{stack.title}`>", ""]
+    sections = []
+    if template:
+        sections = [ln.lstrip("#").strip() for ln in _strip_comments(template).splitlines()
+                    if ln.strip().startswith("#")]
+    for title in sections or ["Overview", "Additional information", "Requirements"]:
+        lines += [f"## {title}", ""]
+        low = title.lower()
+        if low == "overview":
+            lines += ["<what this PR does and why, in your words>", ""]
+        elif low == "additional information":
+            lines += ["<related issue / discussion; how you tested it (EVIDENCE.md lists the "
+                      "commands and their results)>", ""]
+        elif low == "requirements":
+            for raw in _strip_comments(template or "").splitlines():
+                if raw.strip().startswith(("- ", "* ")):
+                    item = raw.strip()[2:].strip()
+                    if "ai usage" in item.lower():
+                        item = item.rstrip(":").rstrip() + ": <YES / NO; if YES, how AI was used>"
+                    lines.append(f"- {item}")
+            lines.append("")
+        else:
+            lines += ["<...>", ""]
+    lines += ["<!-- Facts to draw on (delete before opening the PR):",
+              f"  summary in templates/port.toml: {stack.summary or '(none)'}",
+              f"  commits ({len(facts['commits'])}, +{facts['added']}/-{facts['removed']}):",
+              *[f"    {c}" for c in facts["commits"]],
+              f"  evidence: {EVIDENCE} in this folder -->", ""]
+    return "\n".join(lines)
+
+
+def stack_checklist(template: str | None, stack: Stack, checks: dict) -> str:
+    """checklist() for one PR, with the steps only the author can take."""
+    text = checklist(template, checks)
+    own = ["## Before you open this PR (only you can do these)", "",
+           "- [ ] Rewrite every commit message and the description in your own words "
+           "(DESCRIPTION-SKELETON.md is placeholders only; AGENTS.md forbids AI-written "
+           "descriptions and commit messages)",
+           "- [ ] Reset the author to yourself: `git am patches/*.patch` (or "
+           f"`{stacks_mod.SQUASHED}`) on a branch, then "
+           "`git rebase --exec 'git commit --amend --no-edit --reset-author' <base>`",
+           "- [ ] Disclose the assistance as AGENTS.md asks: the PR template's AI usage line, "
+           "and `Assisted-by: <assistant name>` in a commit you let an assistant make "
+           "(never `Co-authored-by:`)",
+           "- [ ] Search upstream's open issues and PRs for the same change first (a feature "
+           "starts from an issue, CONTRIBUTING.md)",
+           "- [ ] Understand and be able to defend every line without help",
+           "- [ ] Open the PR yourself: the tool never pushes or submits anything", ""]
+    return text.replace("## The tree's pull request template", "\n".join(own) +
+                        "\n## The tree's pull request template", 1)
+
+
+def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: Path, pin,
+                       series, commits: list[CommitCheck], proof: dict, template: str | None,
+                       opts: "PrOptions", patches_match: bool, log=print) -> dict:
+    """<work-dir>/pr/<stack>/: patches/, squashed.patch, checks.json, EVIDENCE.md,
+    evidence.json, DESCRIPTION-SKELETON.md, CHECKLIST.md (rewritten whole)."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    stacks_mod.export_stack(repo, rs, folder, pin, series)
+    applied = stacks_mod.verify(repo, rs, folder)
+    stat = stacks_mod.diffstat(repo, rs.base, rs.head)
+    patch_files = series_mod_read(folder / "patches") + [folder / stacks_mod.SQUASHED]
+    style_findings = {p.name: [str(f) for f in style.patch_findings(p.read_text())]
+                      for p in patch_files}
+    findings = [f for c in commits for f in c.findings]
+    facts = {"base": f"{pin.tag} ({pin.commit}), work-tree base {rs.base}",
+             "commits": [c.message.split("\n", 1)[0] for c in rs.commits],
+             "applies_alone": applied["applies_alone"], **stat}
+    entries = run_evidence(rs.stack, opts.templates_dir.parent, proof, opts.skip_evidence, log)
+    checks = {
+        "patches_match": patches_match,
+        "builds": None if opts.skip_build else all(c.build_ok for c in commits),
+        "build_note": ("skipped (--skip-build)" if opts.skip_build else
+                       f"{len(commits)} commits alone on the base, targets "
+                       f"{' '.join(opts.targets)}"),
+        "flake8": not any(f.check == "flake8" for f in findings),
+        "whitespace": not any(f.check == "editorconfig" for f in findings),
+        "proof": (proof.get("ok") if any(e["command"].strip() == SMOKE_COMMAND for e in entries)
+                  else None),
+        "style": not any(style_findings.values()),
+        "applies_alone": applied["applies_alone"],
+        "evidence": (None if all(e["status"] == "not run" for e in entries) else
+                     not any(e["status"] == "FAIL" for e in entries)),
+    }
+    ok = all(v is not False for k, v in checks.items() if k != "build_note")
+    result = {"ok": ok, "stack": rs.stack.name, "title": rs.stack.title, "folder": str(folder),
+              "checks": checks, "facts": facts, "style": style_findings,
+              "commits": [{**asdict(c), "ok": c.ok, "findings": [asdict(f) for f in c.findings]}
+                          for c in commits],
+              "head": rs.head, "squashed": rs.squashed}
+    (folder / "checks.json").write_text(json.dumps(result, indent=2) + "\n")
+    (folder / "evidence.json").write_text(json.dumps(entries, indent=2) + "\n")
+    (folder / EVIDENCE).write_text(evidence_markdown(rs.stack, entries, facts))
+    (folder / DESCRIPTION).write_text(description_skeleton(template, rs.stack, facts))
+    (folder / "CHECKLIST.md").write_text(stack_checklist(template, rs.stack, checks))
+    log(f"pr: {folder} ({'ok' if ok else 'SOME CHECKS FAIL'}): {len(rs.shas)} commits, "
+        f"+{stat['added']}/-{stat['removed']}")
+    return {"ok": ok, "folder": str(folder), "checks": checks, "added": stat["added"],
+            "removed": stat["removed"], "commits": facts["commits"],
+            "evidence": [{k: e[k] for k in ("claim", "command", "status")} for e in entries]}
+
+
+def series_mod_read(patches_dir: Path) -> list[Path]:
+    from llamacpp_mla_port.series import read_series
+    return read_series(patches_dir)
+
+
 # ------------------------------------------------------------------------------ the kit
 @dataclass
 class PrOptions:
@@ -442,6 +618,8 @@ class PrOptions:
     skip_build: bool = False
     skip_smoke: bool = False
     smoke_args: tuple[str, ...] = ()
+    skip_evidence: bool = False          # do not run the stacks' evidence commands
+    stacks: tuple[str, ...] = ()         # only these stacks (default: all)
 
     def __post_init__(self) -> None:
         self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
@@ -465,9 +643,20 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     build_dir = Path(opts.build_dir) if opts.build_dir else ws.work_dir / "pr" / "build"
     if build is None and not opts.skip_build:
         build = _default_build(opts.jobs)
-    commits = check_commits(ws.tree, base, head,
-                            ws.work_dir / "pr" / "llama.cpp", build_dir, list(opts.targets),
-                            None if opts.skip_build else build, log)
+    series = load_series(opts.templates_dir)
+    unknown = sorted(set(opts.stacks) - {st.name for st in series.stacks})
+    if unknown:
+        raise SeriesError(f"no PR stack {', '.join(unknown)} in templates/port.toml",
+                          f"stacks: {', '.join(st.name for st in series.stacks)}")
+    rendered = stacks_mod.render_stacks(repo, series, base, f"{pin.tag} ({pin.commit[:12]})",
+                                        {"pin": pin}, list(opts.stacks) or None)
+    per_stack: dict[str, list[CommitCheck]] = {}
+    for rs in rendered:
+        log(f"pr: stack {rs.stack.name}: {len(rs.shas)} commits alone on the base")
+        per_stack[rs.stack.name] = check_commits(
+            ws.tree, base, rs.head, ws.work_dir / "pr" / "llama.cpp", build_dir,
+            list(opts.targets), None if opts.skip_build else build, log)
+    commits = [c for cs in per_stack.values() for c in cs]
     proof = {"ok": None, "status": "skipped"} if opts.skip_smoke else \
         smoke(ws.tree, ws.build_dir, list(opts.smoke_args), log)
 
@@ -476,7 +665,8 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
         "patches_match": drift == "",
         "builds": None if opts.skip_build else all(c.build_ok for c in commits),
         "build_note": ("skipped (--skip-build)" if opts.skip_build else
-                       f"{len(commits)} commits, targets {' '.join(opts.targets)}"),
+                       f"{len(commits)} commits, each stack's in order from the base, targets "
+                       f"{' '.join(opts.targets)}"),
         "flake8": not any(f.check == "flake8" for f in findings),
         "whitespace": not any(f.check == "editorconfig" for f in findings),
         "proof": proof.get("ok"),
@@ -519,9 +709,21 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     template = gitutil.read_blob(repo, base, ".github/pull_request_template.md")
     (evidence / "CHECKLIST.md").write_text(
         checklist(template.decode("utf-8") if template is not None else None, checks))
+    template_text = template.decode("utf-8") if template is not None else None
+    pr_folders = {}
+    for rs in rendered:
+        entry = write_stack_folder(repo, rs, ws.work_dir / "pr" / rs.stack.name, pin, series,
+                                   per_stack[rs.stack.name], proof, template_text, opts,
+                                   drift == "", log)
+        pr_folders[rs.stack.name] = entry
+        if not entry["ok"]:
+            results["ok"] = False
+    results["stacks"] = pr_folders
+    (evidence / "checks.json").write_text(json.dumps(results, indent=2) + "\n")
     skipped = [k for k, v in checks.items() if v is None]
     verdict = "all checks that ran pass" if results["ok"] else "SOME CHECKS FAIL"
     log(f"pr: evidence in {evidence} ({verdict}"
         f"{'; skipped: ' + ', '.join(skipped) if skipped else ''}; complete CHECKLIST.md "
-        "yourself); nothing was pushed")
+        "yourself); PR folders: " + ", ".join(str(ws.work_dir / "pr" / n) for n in pr_folders)
+        + "; nothing was pushed")
     return {"evidence": evidence, **results}
