@@ -39,6 +39,9 @@ def tiny_pair(patched_tree, target, tmp_path_factory):
     return parity.hf_config(pcfg, embd.shape[1], embd.shape[0]), ckpt, draft, target
 
 
+TORCH_BF16_BOUND = 3e-3
+
+
 @pytest.mark.build
 def test_torch_draft_is_the_draft(tiny_pair):
     import torch
@@ -58,11 +61,14 @@ def test_torch_draft_is_the_draft(tiny_pair):
     ids = [5] + [cfg["mask_token_id"]] * 6
     logits, hidden, chain = draft.block(ids, 140)
     want = ref.forward(feats.astype(np.float64), ids, ctx_positions=pos, chain=chain)
-    # BF16 activations: measured ~2e-4 on this shape; a causal block or a missed rotation is > 1e-2
-    assert nmse(logits, want.biased_logits) < 3e-3
-    assert nmse(hidden, want.hidden) < 3e-3
+    # BF16 activations: bound and measured figures in docs/bounds.md; the control (a causal block,
+    # float64 against float64, the same on every machine) must fail the same bound
+    print(f"\ntorch bf16 draft vs float64: logits {nmse(logits, want.biased_logits):.2e}, "
+          f"hidden {nmse(hidden, want.hidden):.2e} (bound {TORCH_BF16_BOUND:.0e})")
+    assert nmse(logits, want.biased_logits) < TORCH_BF16_BOUND
+    assert nmse(hidden, want.hidden) < TORCH_BF16_BOUND
     causal = ref.forward(feats.astype(np.float64), ids, ctx_positions=pos, chain=chain, causal=True)
-    assert nmse(causal.biased_logits, want.biased_logits) > 10 * nmse(logits, want.biased_logits)
+    assert nmse(causal.biased_logits, want.biased_logits) > TORCH_BF16_BOUND
     # the cache rolls back like llama.cpp's: the same block twice gives the same logits
     draft.truncate(40)
     again, _, _ = draft.block(ids, 140)
@@ -101,7 +107,9 @@ def test_work_counts_match_the_config(tiny_pair):
 def test_ggml_floor_measures(patched_tree, llama_build, tmp_path):
     m = fl.measure(patched_tree, llama_build, tmp_path / "f.json", ["bf16:256:64:16", "q8_0:256:64:16"], threads=1,
                    bw_mib=64, repeats=1, extra_bufts=False)
-    assert m.bandwidth_gbps > 0 and 0 < m.bandwidth_cpu_share <= 1.5
+    # the CPU share is reported, not judged: a loaded machine lowers it, and a ~10 ms run at the
+    # clock's granularity can read above 1
+    assert m.bandwidth_gbps > 0 and m.bandwidth_cpu_share > 0
     assert set(m.gemm) == {("bf16", 256, 64, 16), ("q8_0", 256, 64, 16)}
     assert all(g["gflops"] > 0 and g["buft"] == "CPU" for g in m.gemm.values())
     # the compute floor looks rates up at N = GEMM_N: measure that shape too

@@ -56,7 +56,12 @@ def run_speculative(build: Path, target: Path, draft: Path, verbose: bool = Fals
            "-c", str(CTX), "-t", "2"]
     if verbose:
         cmd.append("-v")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    # common's asynchronous logger can lose the closing statistics under load (proof/lossless.py
+    # repeats such a run too): a run that exits 0 without them is repeated, twice at most
+    for _ in range(3):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0 or re.search(r"\bn_drafted\s*=", proc.stderr):
+            break
     i = proc.stderr.find("loading draft model")
     return Run(proc.returncode, proc.stdout.strip(), proc.stderr, proc.stderr[i:] if i >= 0 else "")
 

@@ -113,7 +113,7 @@ class Server:
 
     def __init__(self, build: Path, target: Path, draft: Path | None, draft_max: int, flash_attn: bool,
                  p_min: float, log_path: Path, parallel: int = 2, threads: int = 2, extra: list[str] = (),
-                 request_timeout: float = 300, load_timeout: float = 120):
+                 request_timeout: float = 300, load_timeout: float = 120, env: dict | None = None):
         self.port = free_port()
         self.request_timeout = request_timeout
         cmd = [str(Path(build) / "bin" / "llama-server"), "-m", str(target), "--port", str(self.port),
@@ -123,7 +123,7 @@ class Server:
             cmd += ["-md", str(draft), "--spec-type", "draft-dspark", "--spec-draft-n-max", str(draft_max),
                     "--spec-draft-p-min", str(p_min)]
         self.cmd = cmd + list(extra)
-        self.owned = Owned(self.cmd, log_path, name="llama-server")
+        self.owned = Owned(self.cmd, log_path, env=env, name="llama-server")
         try:
             self.owned.wait_http(f"http://{LOCALHOST}:{self.port}/health", seconds=load_timeout)
         except BaseException:
