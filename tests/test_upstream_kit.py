@@ -18,7 +18,9 @@ from llamacpp_mla_port import gitutil, upstream
 from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG
 from llamacpp_mla_port.errors import BuildError, SeriesError
 from llamacpp_mla_port.upstream_kit import (EditorConfig, PrOptions, check_commits, checklist,
-                                            flake8_findings, make_pr, whitespace_findings)
+                                            flake8_findings, introduced, make_pr,
+                                            model_naming_errors, tree_checks, ty_findings,
+                                            whitespace_findings)
 from upstream_drift import GRAPH, Project, make_world
 
 IDENT = gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z")
@@ -187,7 +189,7 @@ def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     p = Project(world, tmp_path, world.base)
     built = []
     result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
-                               smoke_args=("--quick",)),
+                               smoke_args=("--quick",), upstream_checks=False),
                      build=lambda tree, bd, targets: built.append(
                          gitutil.run(tree, "rev-parse", "HEAD")),
                      smoke=_fake_smoke, log=lambda *_: None)
@@ -246,7 +248,8 @@ def test_make_pr_reports_a_defect_of_one_commit(world, tmp_path):
     engine.patch(engine.Options(work_dir=p.work, patches_dir=p.patches,
                                 templates_dir=p.templates), log=lambda *_: None)
     result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
-                               skip_build=True, skip_smoke=True), smoke=None, log=lambda *_: None)
+                               skip_build=True, skip_smoke=True, upstream_checks=False), smoke=None,
+                     log=lambda *_: None)
     assert not result["ok"] and result["checks"]["whitespace"] is False
     assert result["checks"]["builds"] is None and result["checks"]["proof"] is None
     bad = [c for c in result["commits"] if not c["ok"]]
@@ -271,3 +274,37 @@ def test_pr_verb_has_help():
     out = subprocess.run([sys.executable, "-m", "llamacpp_mla_port", "pr", "--help"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "--skip-build" in out.stdout and "--evidence" in out.stdout
+
+
+# --------------------------------------------------------------- upstream's checks, base vs patched
+def test_introduced_compares_without_line_numbers():
+    base = {"ty": ["a.py: error[x] one", "a.py: error[x] one"], "pre-tokenizer": "not run: why"}
+    patched = {"ty": ["a.py: error[x] one", "a.py: error[x] one", "b.py: error[y] two"],
+               "pre-tokenizer": []}
+    got = introduced(base, patched)
+    assert got["ty"] == {"ran": True, "base": 2, "patched": 3, "introduced": ["b.py: error[y] two"]}
+    assert got["pre-tokenizer"] == {"ran": False, "note": "not run: why"}
+
+
+def test_model_naming_rule_of_code_style(tmp_path):
+    (tmp_path / "src" / "models").mkdir(parents=True)
+    (tmp_path / "src" / "models" / "my-model.cpp").write_text("")
+    cases = ("        case LLM_ARCH_MY_MODEL:\n            return new llama_model_my_model(params);\n"
+             "        case LLM_ARCH_OTHER:\n            return new llama_model_another(params);\n"
+             "        case LLM_ARCH_GONE:\n            return new llama_model_gone(params);\n")
+    (tmp_path / "src" / "llama-model.cpp").write_text(cases)
+    errors = model_naming_errors(tmp_path)
+    assert len(errors) == 2 and "LLM_ARCH_OTHER: arch/class name mismatch" in errors[0]
+    assert "LLM_ARCH_GONE: no src/models/gone.cpp" in errors[1]
+
+
+def test_ty_at_the_pinned_version_finds_what_a_change_adds(tmp_path, base_files):
+    tree = _tree(tmp_path, base_files, {"ok.py": "x: int = 1\n"})
+    clean = ty_findings(tree)
+    assert isinstance(clean, list), clean          # ty==0.0.84 is a test dependency
+    (tree / "bad.py").write_text("y: int = 'text'\n")
+    base = tree_checks(tree, ["ok.py"], {"ty": clean, "model-naming": [], "pre-tokenizer": []})
+    patched = tree_checks(tree, ["ok.py", "bad.py"])
+    got = introduced(base, patched)
+    assert [x.split(":")[0] for x in got["ty"]["introduced"]] == ["bad.py"], got
+    assert got["flake8"]["introduced"] == [] and got["pre-tokenizer"]["ran"] is False

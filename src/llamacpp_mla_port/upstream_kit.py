@@ -436,6 +436,102 @@ def checklist(template: str | None, checks: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------- upstream's PR checks
+#: the ty version upstream's python-type-check.yml pins
+TY_VERSION = "0.0.84"
+_POSITION = re.compile(r":\d+(?::\d+)?(?=:)")
+
+
+def _unplaced(line: str) -> str:
+    """A finding without its line/column, so base and patched findings compare."""
+    return _POSITION.sub("", line, count=1).strip()
+
+
+def model_naming_errors(tree: Path) -> list[str]:
+    """code-style.yml's model-naming rule: every `case LLM_ARCH_X: return new llama_model_x(`
+    in src/llama-model.cpp has matching names and a src/models/x.cpp."""
+    path = tree / "src" / "llama-model.cpp"
+    if not path.is_file():
+        return []
+    pairs = re.findall(r"case\s+(LLM_ARCH_\w+)\s*:\s*\n\s+return new (llama_model_\w+)\s*\(",
+                       path.read_text(errors="replace"))
+    errors = []
+    for arch, cls in pairs:
+        suffix, csuffix = arch[len("LLM_ARCH_"):], cls[len("llama_model_"):]
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", suffix):
+            errors.append(f"{arch}: suffix not upper snake case")
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", csuffix):
+            errors.append(f"{arch}: class suffix not lower snake case")
+        elif suffix.lower() != csuffix:
+            errors.append(f"{arch}: arch/class name mismatch ({cls})")
+        elif not (tree / "src" / "models" / (csuffix.replace("_", "-") + ".cpp")).is_file():
+            errors.append(f"{arch}: no src/models/{csuffix.replace('_', '-')}.cpp")
+    return errors
+
+
+def ty_findings(tree: Path) -> list[str] | str:
+    """`ty check` with the tree's ty.toml, as python-type-check.yml runs it; a string says
+    why it did not run."""
+    exe = shutil.which("ty", path=str(Path(sys.executable).parent)) or shutil.which("ty")
+    if exe is None:
+        return f"ty is not installed (pip install ty=={TY_VERSION})"
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.split()
+    if version[-1:] != [TY_VERSION]:
+        return f"ty {' '.join(version[1:])} is not the pinned {TY_VERSION}"
+    proc = subprocess.run([exe, "check", "--exit-zero-on-warning", "--output-format=concise",
+                           "--python", sys.prefix], cwd=tree, capture_output=True, text=True)
+    return [ln for ln in proc.stdout.splitlines() if re.match(r"^\S+:\d+:\d+: ", ln)]
+
+
+def pretokenizer_findings(tree: Path) -> list[str] | str:
+    """pre-tokenizer-hashes.yml: convert_hf_to_gguf_update.py --check-missing must leave
+    conversion/base.py as it is (the file is restored either way)."""
+    script, base_py = tree / "convert_hf_to_gguf_update.py", tree / "conversion" / "base.py"
+    if not script.is_file() or not base_py.is_file():
+        return "the tree has no convert_hf_to_gguf_update.py / conversion/base.py"
+    before = base_py.read_bytes()
+    try:
+        proc = subprocess.run([sys.executable, script.name, "--check-missing"], cwd=tree,
+                              capture_output=True, text=True, timeout=600)
+        after = base_py.read_bytes()
+    finally:
+        base_py.write_bytes(before)
+    if proc.returncode != 0:
+        return f"convert_hf_to_gguf_update.py failed (exit {proc.returncode}): {proc.stderr[-300:]}"
+    return [] if after == before else ["conversion/base.py: pre-tokenizer hashes are not up to date"]
+
+
+def tree_checks(tree: Path, files: list[str], whole: dict | None = None) -> dict[str, list[str] | str]:
+    """Upstream's no-compile PR checks on one checked-out tree: flake8 (+ flake8-no-print)
+    and the editorconfig rules on `files`; ty, model naming and pre-tokenizer hashes on the
+    whole tree (taken from `whole` when given: the same tree checked before)."""
+    if whole is None:
+        ty = ty_findings(tree)
+        whole = {"ty": [_unplaced(x) for x in ty] if isinstance(ty, list) else ty,
+                 "model-naming": model_naming_errors(tree),
+                 "pre-tokenizer": pretokenizer_findings(tree)}
+    return {
+        "flake8": [_unplaced(str(f)) for f in flake8_findings(tree, files)],
+        "editorconfig": [_unplaced(str(f)) for f in whitespace_findings(tree, files)],
+        **{k: whole[k] for k in ("ty", "model-naming", "pre-tokenizer")},
+    }
+
+
+def introduced(base: dict, patched: dict) -> dict:
+    """Per check: findings on the base, on the patched tree, and those the patch adds
+    (compared without line numbers, as multisets)."""
+    from collections import Counter
+    out = {}
+    for name in patched:
+        b, p = base.get(name), patched[name]
+        if isinstance(b, str) or isinstance(p, str):
+            out[name] = {"ran": False, "note": p if isinstance(p, str) else b}
+            continue
+        added = list((Counter(p) - Counter(b or [])).elements())
+        out[name] = {"ran": True, "base": len(b or []), "patched": len(p), "introduced": added}
+    return out
+
+
 # ------------------------------------------------------------------------- PR folders
 SMOKE_COMMAND = ".venv/bin/llamacpp-mla-port smoke"
 DESCRIPTION = "DESCRIPTION-SKELETON.md"
@@ -469,7 +565,7 @@ def run_evidence(stack: Stack, cwd: Path, proof: dict | None, skip: bool, log=pr
     return out
 
 
-def evidence_markdown(stack: Stack, entries: list[dict], facts: dict) -> str:
+def evidence_markdown(stack: Stack, entries: list[dict], facts: dict, upstream: dict | None = None) -> str:
     lines = [f"# Evidence for the `{stack.name}` pull request", "",
              "Every claim the PR makes, the command that shows it (run from the project "
              "checkout) and what it gave in this run. Cite these, not the tool.", "",
@@ -477,6 +573,17 @@ def evidence_markdown(stack: Stack, entries: list[dict], facts: dict) -> str:
              f"+{facts['added']}/-{facts['removed']} lines in {len(facts['files'])} files",
              f"- applies alone on the base: {facts['applies_alone']} (patches/ and "
              f"{stacks_mod.SQUASHED}, re-applied with `git apply`)", ""]
+    if upstream:
+        lines += ["## Upstream's PR checks, base vs this stack (`llamacpp-mla-port pr`)", "",
+                  "| check | base | patched | introduced by the stack |", "|---|---|---|---|"]
+        for name, r in upstream.items():
+            if not r["ran"]:
+                lines.append(f"| {name} | - | - | not run: {r['note']} |")
+            else:
+                intro = "; ".join(r["introduced"][:5]) or "none"
+                lines.append(f"| {name} | {r['base']} | {r['patched']} | {intro} |")
+        lines += ["", "flake8 and editorconfig: on the files the stack touches; ty, model naming "
+                  "and pre-tokenizer hashes: the whole tree.", ""]
     for i, e in enumerate(entries, 1):
         lines += [f"## {i}. {e['claim']}", "", "```sh", e["command"], "```", "",
                   f"- result: **{e['status']}**" + (f" (exit {e['rc']}, {e['seconds']} s)"
@@ -550,7 +657,8 @@ def stack_checklist(template: str | None, stack: Stack, checks: dict) -> str:
 
 def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: Path, pin,
                        series, commits: list[CommitCheck], proof: dict, template: str | None,
-                       opts: "PrOptions", patches_match: bool, log=print) -> dict:
+                       opts: "PrOptions", patches_match: bool, upstream: dict | None,
+                       log=print) -> dict:
     """<work-dir>/pr/<stack>/: patches/, squashed.patch, checks.json, EVIDENCE.md,
     evidence.json, DESCRIPTION-SKELETON.md, CHECKLIST.md (rewritten whole)."""
     if folder.exists():
@@ -581,16 +689,18 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
         "applies_alone": applied["applies_alone"],
         "evidence": (None if all(e["status"] == "not run" for e in entries) else
                      not any(e["status"] == "FAIL" for e in entries)),
+        "upstream_checks": (None if not upstream else
+                            not any(v.get("introduced") for v in upstream.values())),
     }
     ok = all(v is not False for k, v in checks.items() if k != "build_note")
     result = {"ok": ok, "stack": rs.stack.name, "title": rs.stack.title, "folder": str(folder),
               "checks": checks, "facts": facts, "style": style_findings,
               "commits": [{**asdict(c), "ok": c.ok, "findings": [asdict(f) for f in c.findings]}
                           for c in commits],
-              "head": rs.head, "squashed": rs.squashed}
+              "head": rs.head, "squashed": rs.squashed, "upstream_checks": upstream}
     (folder / "checks.json").write_text(json.dumps(result, indent=2) + "\n")
     (folder / "evidence.json").write_text(json.dumps(entries, indent=2) + "\n")
-    (folder / EVIDENCE).write_text(evidence_markdown(rs.stack, entries, facts))
+    (folder / EVIDENCE).write_text(evidence_markdown(rs.stack, entries, facts, upstream))
     (folder / DESCRIPTION).write_text(description_skeleton(template, rs.stack, facts))
     (folder / "CHECKLIST.md").write_text(stack_checklist(template, rs.stack, checks))
     log(f"pr: {folder} ({'ok' if ok else 'SOME CHECKS FAIL'}): {len(rs.shas)} commits, "
@@ -619,6 +729,7 @@ class PrOptions:
     skip_smoke: bool = False
     smoke_args: tuple[str, ...] = ()
     skip_evidence: bool = False          # do not run the stacks' evidence commands
+    upstream_checks: bool = True         # ty, model naming, pre-tokenizer: base vs patched
     stacks: tuple[str, ...] = ()         # only these stacks (default: all)
 
     def __post_init__(self) -> None:
@@ -651,11 +762,22 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     rendered = stacks_mod.render_stacks(repo, series, base, f"{pin.tag} ({pin.commit[:12]})",
                                         {"pin": pin}, list(opts.stacks) or None)
     per_stack: dict[str, list[CommitCheck]] = {}
+    upstream_checks: dict[str, dict] = {}
+    checkout = ws.work_dir / "pr" / "llama.cpp"
+    base_checks: dict | None = None
     for rs in rendered:
         log(f"pr: stack {rs.stack.name}: {len(rs.shas)} commits alone on the base")
         per_stack[rs.stack.name] = check_commits(
-            ws.tree, base, rs.head, ws.work_dir / "pr" / "llama.cpp", build_dir,
+            ws.tree, base, rs.head, checkout, build_dir,
             list(opts.targets), None if opts.skip_build else build, log)
+        if opts.upstream_checks:
+            files = sorted({f for c in per_stack[rs.stack.name] for f in c.files})
+            log(f"pr: upstream's checks on {rs.stack.name} (patched)")
+            patched = tree_checks(checkout, files)
+            gitutil.run(checkout, "checkout", "-q", "-f", "--detach", base)
+            log(f"pr: upstream's checks on {rs.stack.name} (base)")
+            base_checks = tree_checks(checkout, files, base_checks)
+            upstream_checks[rs.stack.name] = introduced(base_checks, patched)
     commits = [c for cs in per_stack.values() for c in cs]
     proof = {"ok": None, "status": "skipped"} if opts.skip_smoke else \
         smoke(ws.tree, ws.build_dir, list(opts.smoke_args), log)
@@ -714,7 +836,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     for rs in rendered:
         entry = write_stack_folder(repo, rs, ws.work_dir / "pr" / rs.stack.name, pin, series,
                                    per_stack[rs.stack.name], proof, template_text, opts,
-                                   drift == "", log)
+                                   drift == "", upstream_checks.get(rs.stack.name), log)
         pr_folders[rs.stack.name] = entry
         if not entry["ok"]:
             results["ok"] = False
