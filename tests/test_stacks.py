@@ -126,6 +126,17 @@ template = "models-h-graph-mla.h.j2"
     with pytest.raises(AnchorError, match="PR stack 'mla-draft' does not render alone"):
         stacks.render_stack(repo, series, series.stack("mla-draft"), base.sha, pin.tag,
                             {"pin": pin})
+    # the canary's view: one entry per stack, the failing one names why
+    tried = {t["stack"]: t for t in stacks.try_stacks(repo, series, base.sha, pin.tag, {"pin": pin}, pin)}
+    assert tried["rpc"]["ok"] and tried["pair-check"]["ok"] and not tried["mla-draft"]["ok"]
+    assert "does not render alone" in tried["mla-draft"]["message"]
+
+
+def test_the_canary_tries_every_stack_of_the_real_series(base, pin):
+    tried = stacks.try_stacks(upstream.cache_repo(), load_series(TEMPLATES_DIR), base.sha, pin.tag,
+                              {"pin": pin}, pin)
+    assert [t["stack"] for t in tried] == ["rpc", "pair-check", "mla-draft"]
+    assert all(t["ok"] and t["added"] > 0 for t in tried), tried
 
 
 # --------------------------------------------------------------------------------- style
