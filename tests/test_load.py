@@ -86,7 +86,8 @@ def test_server_with_the_draft_holds_under_concurrent_load(llama_build, patched_
         print(f"\n{name}: {r['requests']} requests, {r['completed']} completed ({r['streamed_complete']} streamed), "
               f"{r['cancelled']} cancelled mid-stream, {r['health_polls']} /health polls; RSS max first 50 "
               f"{r['rss_first50_max_kib']} KiB, last 50 {r['rss_last50_max_kib']} KiB; memory {r['memory']}; "
-              f"{r['requests_per_second']} req/s; drafted {r['drafted']}, accepted {r['accepted']}")
+              f"{r['requests_per_second']} req/s; /health max {r['health_max_seconds']} s; drafted {r['drafted']}, "
+              f"accepted {r['accepted']}")
     print(f"req/s with the draft / target alone: {report['req_per_s_ratio_draft_vs_alone']}")
     assert check_load(report) == []
     # the plan is seeded: every request it does not cancel completes, every one it cancels is cancelled
