@@ -82,7 +82,7 @@ bench: patch
 	$(TOOL) bench $(BENCH_ARGS)
 
 bench-rpc: patch
-	$(BIN)/python benchmarks/bench_rpc.py
+	$(BIN)/python -m llamacpp_mla_port.bench.rpc
 
 clean-work:
 	rm -rf work work-canary

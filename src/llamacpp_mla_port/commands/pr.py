@@ -1,7 +1,7 @@
 """`pr` (make pr): one folder per pull request (work/pr/<stack>/: patches, squashed patch,
 evidence, description skeleton, checklist), per-commit build and lint checks, the proof.
 
-Nothing is pushed and no PR description is written; the work is upstream_kit.py.
+Nothing is pushed and no PR description is written; the work is upstreaming/pr.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llamacpp_mla_port.upstream_kit import PR_TARGETS, PrOptions, make_pr
+from llamacpp_mla_port.upstreaming.pr import PR_TARGETS, PrOptions, make_pr
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

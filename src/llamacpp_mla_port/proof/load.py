@@ -40,7 +40,7 @@ from pathlib import Path
 
 from llamacpp_mla_port.proof.lossless import (PROMPTS, Server, bigram_table, greedy_continuations, render,
                                               same_greedy_output, write_lossless_draft)
-from llamacpp_mla_port.proof.processes import LOCALHOST
+from llamacpp_mla_port.proof.run.processes import LOCALHOST
 
 N_PREDICT = 16
 #: requests before the measured plan: the server's RSS rises over its first ~100 requests
@@ -262,9 +262,9 @@ def run_load_test(tree: Path, build: Path, work: Path, base_target: Path, n_requ
                   clients: int = 8, draft_max: int = 4, threads: int = 1, warmup: int = WARMUP,
                   log=print) -> dict:
     """Both runs (with and without the draft) on the same plan, each after its warm-up; the report."""
-    from llamacpp_mla_port.proof.programs import compile_program
-    from llamacpp_mla_port.proof.reference import read_target_head
-    from llamacpp_mla_port.proof.targets import write_deep_kimi_k3_target
+    from llamacpp_mla_port.proof.run.programs import compile_program
+    from llamacpp_mla_port.proof.reference.model import read_target_head
+    from llamacpp_mla_port.fixtures.target_variants import write_deep_kimi_k3_target
 
     t0 = time.monotonic()
     work = Path(work)

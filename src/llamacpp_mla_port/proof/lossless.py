@@ -2,7 +2,7 @@
 
 Fixtures (all offline):
   * target: llama.cpp's own tiny Kimi-K3 (fixtures.target), deepened to 6 hybrid layers
-    with residual blocks of 2 (proof.targets) so the taps sit in several blocks and the
+    with residual blocks of 2 (fixtures.target_variants) so the taps sit in several blocks and the
     KDA layers force checkpoint-based rollback;
   * drafts: random K3 DSpark HF checkpoints (fixtures.checkpoint, real names) converted
     by the patched tree's converter. A random draft accepts almost nothing, so two drafts:
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.processes import LOCALHOST, Measured, Owned, free_port, run_bounded
+from llamacpp_mla_port.proof.run.processes import LOCALHOST, Measured, Owned, free_port, run_bounded
 
 N_PREDICT = 24
 PROMPTS: tuple[str, ...] = tuple(
@@ -216,7 +216,7 @@ def write_lossless_draft(tree: Path, work: Path, name: str, hidden: int, vocab: 
     from safetensors.torch import load_file, save_file
 
     from llamacpp_mla_port.fixtures.checkpoint import k3_dspark_config, write_target_tokenizer_dir
-    from llamacpp_mla_port.proof.convert import convert_checkpoint
+    from llamacpp_mla_port.proof.run.convert import convert_checkpoint
     from llamacpp_mla_port.proof.parity import write_parity_checkpoint
 
     base = Path(work) / name
@@ -263,9 +263,9 @@ class LosslessPair:
 def prepare_pair(tree: Path, build: Path, work: Path, base_target: Path, n_prompts: int = 20,
                  draft_names=("bigram", "random")) -> LosslessPair:
     """Target, drafts (the bigram draft learns from HALF the prompts) and target-alone texts."""
-    from llamacpp_mla_port.proof.programs import compile_program
-    from llamacpp_mla_port.proof.reference import read_target_head
-    from llamacpp_mla_port.proof.targets import write_deep_kimi_k3_target
+    from llamacpp_mla_port.proof.run.programs import compile_program
+    from llamacpp_mla_port.proof.reference.model import read_target_head
+    from llamacpp_mla_port.fixtures.target_variants import write_deep_kimi_k3_target
 
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
