@@ -276,3 +276,64 @@ def test_prepare_bundle(patched_tree, llama_build, tmp_path):
                            "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DGGML_RPC=ON",
                            *device.COMMON_CMAKE_ARGS], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def _touch(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    return path
+
+
+def test_cuda_toolkit_args(tmp_path):
+    """A toolkit from pip wheels (nvcc, runtime; no cuBLAS, no libcuda stub), as on the device."""
+    nvcc = _touch(tmp_path / "cuda" / "bin" / "nvcc")
+    _touch(tmp_path / "cuda" / "include" / "cuda_runtime.h")
+    nvidia = tmp_path / "site" / "nvidia"
+    header = _touch(nvidia / "cu13" / "include" / "cublas_v2.h")
+    lib = _touch(nvidia / "cu13" / "lib" / "libcublas.so.13")
+    lt = _touch(nvidia / "cu13" / "lib" / "libcublasLt.so.13")
+    driver = _touch(tmp_path / "drv" / "libcuda.so.1")
+    ld = f"\tlibcudart.so.13 (libc6,x86-64) => /x/libcudart.so.13\n\tlibcuda.so.1 (libc6,x86-64) => {driver}\n"
+    args = device.cuda_toolkit_args(str(nvcc), [nvidia], ld)
+    assert args == [f"-DCUDA_cublas_LIBRARY={lib}", f"-DCUDA_cublasLt_LIBRARY={lt}",
+                    f"-DCMAKE_CUDA_FLAGS=-I{header.parent}", f"-DCMAKE_CXX_FLAGS=-I{header.parent}",
+                    f"-DCUDA_cuda_driver_LIBRARY={driver}"]
+    # a whole toolkit needs nothing
+    _touch(tmp_path / "cuda" / "include" / "cublas_v2.h")
+    _touch(tmp_path / "cuda" / "lib64" / "libcublas.so")
+    _touch(tmp_path / "cuda" / "lib64" / "stubs" / "libcuda.so")
+    assert device.cuda_toolkit_args(str(nvcc), [], "") == []
+    # no cuBLAS anywhere: a clear error
+    (tmp_path / "cuda" / "include" / "cublas_v2.h").unlink()
+    with pytest.raises(DeviceCheckError, match="no cuBLAS"):
+        device.cuda_toolkit_args(str(nvcc), [tmp_path / "empty"], "")
+
+
+@pytest.mark.build
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc: the CUDA configure needs CUDA's compiler")
+def test_pruned_tree_configures_with_cuda(patched_tree, tmp_path):
+    """The pruned tree holds everything ggml-cuda's CMake reads. Where this machine's toolkit
+    lacks cuBLAS or libcuda (no GPU here), empty stand-ins satisfy the configure (nothing is
+    compiled or linked)."""
+    tar = tmp_path / "tree.tar.gz"
+    device.write_tree_tarball(patched_tree, tar)
+    with tarfile.open(tar) as t:
+        t.extractall(tmp_path, filter="data")
+    fake = tmp_path / "fake" / "nvidia"
+    _touch(fake / "cublas" / "include" / "cublas_v2.h")
+    _touch(fake / "cublas" / "lib" / "libcublas.so.13")
+    _touch(fake / "cublas" / "lib" / "libcublasLt.so.13")
+    driver = _touch(tmp_path / "fake" / "libcuda.so.1")
+    extra = device.cuda_toolkit_args(None, [fake], f"\tlibcuda.so.1 (libc6,x86-64) => {driver}\n")
+    proc = subprocess.run(["cmake", "-S", str(tmp_path / "llama.cpp"), "-B", str(tmp_path / "build"),
+                           "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=ON",
+                           "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DGGML_RPC=ON",
+                           "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90", *extra, *device.COMMON_CMAKE_ARGS],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    # whatever the generator, the CUDA backend's sources were taken in (flash attention among them)
+    cuda_dir = tmp_path / "build" / "ggml" / "src" / "ggml-cuda"
+    generated = [p.read_text(errors="replace") for p in cuda_dir.rglob("*") if p.is_file() and p.stat().st_size < 2**22]
+    generated.append((tmp_path / "build" / "build.ninja").read_text() if (tmp_path / "build" / "build.ninja").is_file()
+                     else "")
+    assert cuda_dir.is_dir() and any("fattn.cu" in text for text in generated)
