@@ -352,14 +352,14 @@ def prepare_bundle(tree: Path, build: Path, bundle: Path, repo_root: Path | None
                 "device_call": DEVICE_CALL, "lossless_prompts": n_prompts}
     (bundle / "README.md").write_text(bundle_readme(manifest))
     (bundle / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    total = folder_bytes(bundle)
-    manifest["bundle_bytes"] = total
     others = travelling_tree_bytes(repo_root) if repo_root else None
-    manifest["checkout_travelling_bytes"] = others
-    manifest["carried_total_bytes"] = total + (others or 0)
-    manifest["carry_limit_bytes"] = CARRY_LIMIT
-    manifest["seconds"] = round(time.monotonic() - t0, 1)
-    (bundle / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    manifest.update(checkout_travelling_bytes=others, carry_limit_bytes=CARRY_LIMIT,
+                    seconds=round(time.monotonic() - t0, 1))
+    total = -1
+    while total != folder_bytes(bundle):       # the manifest counts itself: write until it is stable
+        total = folder_bytes(bundle)
+        manifest.update(bundle_bytes=total, carried_total_bytes=total + (others or 0))
+        (bundle / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     if manifest["carried_total_bytes"] > CARRY_LIMIT:
         raise DeviceCheckError(f"the device call would carry {manifest['carried_total_bytes']:,} B "
                                f"(bundle {total:,} + checkout {others or 0:,}), over {CARRY_LIMIT:,}",
