@@ -85,7 +85,7 @@ bench: patch
 	$(TOOL) bench $(BENCH_ARGS)
 
 bench-rpc: patch
-	$(BIN)/python benchmarks/bench_rpc.py
+	$(BIN)/python -m llamacpp_mla_port.bench.rpc
 
 device-check: build
 	$(TOOL) device-check $(if $(filter 1,$(DRY_RUN)),--dry-run)

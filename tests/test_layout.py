@@ -1,5 +1,6 @@
-"""The shape of the code: one home per verb (commands/), no import cycles, and the tool acts
-on the checkout you stand in, never on the one it was installed from (issue 13)."""
+"""The shape of the code: one home per verb (commands/), no import cycles, families in folders
+that import only the layers below them (issue 21), and the tool acts on the checkout you
+stand in, never on the one it was installed from (issue 13)."""
 
 from __future__ import annotations
 
@@ -96,6 +97,90 @@ def test_the_package_has_no_import_cycles():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
+# ------------------------------------------------------------------------------ layer order
+#: The families of the package, top to bottom. A family imports only families on a line below
+#: its own; the families sharing a line do not import each other. `project` is the place
+#: resolver (places.py to be), `stages` the stage runner to be.
+LAYERS: list[tuple[str, ...]] = [
+    ("cli",),
+    ("commands",),
+    ("upstreaming", "device"),
+    ("bench",),
+    ("proof",),
+    ("series", "doctor", "fixtures", "build"),
+    ("source", "gguf"),
+    ("project", "stages", "gitutil"),
+    ("errors",),
+]
+#: Imports of today's code that break the order: (importer, imported) -> why it is allowed for
+#: now. The extractions that follow the moves empty it; a stale entry fails like a new break.
+ALLOWED: dict[tuple[str, str], str] = {}
+#: the top level: what every family uses (and the package's entry points)
+TOP_LEVEL = {"__init__", "__main__", "cli", "errors", "gitutil", "build", "project", "places", "stages"}
+#: modules outside commands/ that parse arguments: scripts, not verbs
+SCRIPTS = {"llamacpp_mla_port.bench.rpc": "make bench-rpc's side-by-side timings (python -m), not a verb"}
+
+
+def family(module: str) -> str:
+    """The family of a package module: its folder, or its own name at the top level."""
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else parts[0]
+    return "cli" if name == "__main__" else name
+
+
+def layer_violations(graph: dict[str, set[str]], layers: list[tuple[str, ...]],
+                     allowed: dict[tuple[str, str], str]) -> list[str]:
+    """Every import edge to a family on the importer's own line or above it, not allowed;
+    and every allowed edge that no longer exists."""
+    rank = {fam: i for i, line in enumerate(layers) for fam in line}
+    graph = {m: e for m, e in graph.items() if "." in m}       # the package's __init__: its version only
+    unplaced = sorted({family(m) for m in graph} - rank.keys())
+    if unplaced:
+        return [f"family {f} is on no line of LAYERS" for f in unplaced]
+    out = []
+    for src in sorted(graph):
+        for dst in sorted(graph[src]):
+            fs, fd = family(src), family(dst)
+            if fs != fd and rank[fd] <= rank[fs] and (src, dst) not in allowed:
+                out.append(f"{src} -> {dst} ({fs} may import only the lines below it)")
+    out += [f"stale allow-list entry {a} -> {b}" for a, b in sorted(allowed) if b not in graph.get(a, ())]
+    return out
+
+
+def test_the_layer_checker_flags_upward_and_sideways_imports():
+    pkg = "llamacpp_mla_port"
+    down = {f"{pkg}.series.render": {f"{pkg}.source.pin", f"{pkg}.series.spec", f"{pkg}.errors"},
+            f"{pkg}.source.pin": {f"{pkg}.project"}, f"{pkg}.series.spec": set(), f"{pkg}.errors": set(),
+            f"{pkg}.project": {f"{pkg}.errors"}}
+    assert layer_violations(down, LAYERS, {}) == []
+    up = {**down, f"{pkg}.source.pin": {f"{pkg}.series.spec"}}
+    assert layer_violations(up, LAYERS, {}) == [
+        f"{pkg}.source.pin -> {pkg}.series.spec (source may import only the lines below it)"]
+    sideways = {**down, f"{pkg}.series.spec": {f"{pkg}.doctor.checks"}, f"{pkg}.doctor.checks": set()}
+    assert len(layer_violations(sideways, LAYERS, {})) == 1
+    assert layer_violations(up, LAYERS, {(f"{pkg}.source.pin", f"{pkg}.series.spec"): "why"}) == []
+    assert layer_violations(down, LAYERS, {(f"{pkg}.source.pin", f"{pkg}.series.spec"): "why"}) == [
+        f"stale allow-list entry {pkg}.source.pin -> {pkg}.series.spec"]
+    assert layer_violations({f"{pkg}.newfamily.x": set()}, LAYERS, {}) == ["family newfamily is on no line of LAYERS"]
+
+
+def test_each_family_imports_only_the_layers_below_it():
+    graph = import_graph()
+    assert "llamacpp_mla_port.source.pin" in graph["llamacpp_mla_port.series.gitseries"]   # the graph is real
+    problems = layer_violations(graph, LAYERS, ALLOWED)
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_top_level_holds_only_what_every_family_uses():
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top <= TOP_LEVEL and len(top) <= 8, sorted(top - TOP_LEVEL)
+
+
+def test_no_module_is_over_600_lines():
+    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > 600}
+    assert long == {}, long
+
+
 def test_every_verb_lives_in_commands():
     for verb in COMMANDS:
         path = PACKAGE / "commands" / (module_of(verb).rpartition(".")[2] + ".py")
@@ -104,7 +189,7 @@ def test_every_verb_lives_in_commands():
         assert {"configure", "run"} <= top, verb
     # and no other module parses arguments on its own
     for name, path in _modules().items():
-        if name.startswith("llamacpp_mla_port.commands") or name == "llamacpp_mla_port.cli":
+        if name.startswith("llamacpp_mla_port.commands") or name == "llamacpp_mla_port.cli" or name in SCRIPTS:
             continue
         tree = ast.parse(path.read_text())
         top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}

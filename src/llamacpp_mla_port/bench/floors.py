@@ -11,7 +11,7 @@ weights a pass reads (in the files' own types: BF16, Q8_0, ...) and its FLOPs:
   injection of N rows: context_proj, the context norm, per layer kv_a_mqa and its norm;
   N cache rows written. FLOPs 2 x N x (context_proj + kv_a_mqa weights).
 
-`measure(build, tree, ...)` runs the ggml-floor program (proof/cpp/ggml-floor.cpp): the read
+`measure(build, tree, ...)` runs the ggml-floor program (proof/run/cpp/ggml-floor.cpp): the read
 bandwidth of this machine with the benchmark's threads, and the MUL_MAT rate ggml reaches for
 each weight matrix of the draft, at its own shape [K, M] (M capped at 16384 rows: the lm_head
 is measured on a 16384-row slice of itself), type and buffer type (the one llama.cpp's loader
@@ -62,7 +62,7 @@ class TensorInfo:
 def _read(path: str) -> tuple[dict, dict]:
     """(tensor table, metadata) of a GGUF file, from the project's bounded header reader
     (gguf.GGUFReader takes a minute over a 163840-entry vocabulary on a busy machine)."""
-    from llamacpp_mla_port.gguf_safe import read_header
+    from llamacpp_mla_port.gguf.header import read_header
     h = read_header(path)
     tensors = {t.name: TensorInfo(t.name, t.type_name.lower(), t.shape, t.n_bytes) for t in h.tensors.values()}
     return tensors, {k: kv.value for k, kv in h.kvs.items()}
@@ -207,8 +207,8 @@ class Measured:
 
 def measure(tree: Path, build: Path, out: Path, specs: list[str], threads: int, bw_mib: int = 2048,
             repeats: int = 1, extra_bufts: bool = True, timeout: float = 1800) -> Measured:
-    from llamacpp_mla_port.proof.processes import run_bounded
-    from llamacpp_mla_port.proof.programs import compile_program
+    from llamacpp_mla_port.proof.run.processes import run_bounded
+    from llamacpp_mla_port.proof.run.programs import compile_program
 
     exe = compile_program("ggml-floor", tree, build)
     cmd = [exe, "--threads", threads, "--out", out, "--bw-mib", bw_mib, "--gemm", ",".join(specs),

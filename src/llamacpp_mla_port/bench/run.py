@@ -91,12 +91,12 @@ class Bench:
         self.report["commands"][key] = " ".join(str(a) for a in argv)
 
     def _program(self, name: str) -> Path:
-        from llamacpp_mla_port.proof.programs import compile_program
+        from llamacpp_mla_port.proof.run.programs import compile_program
         return compile_program(name, self.tree, self.build)
 
     # ------------------------------------------------------------------ models
     def make_models(self) -> None:
-        from llamacpp_mla_port.proof.processes import run_bounded
+        from llamacpp_mla_port.proof.run.processes import run_bounded
         from llamacpp_mla_port.proof.realsize import real_draft_config, write_real_draft, write_real_target
 
         if not self.reuse and self.models.exists():
@@ -175,8 +175,8 @@ class Bench:
 
     # ------------------------------------------------------------------ KV cache + q8_0 NMSE
     def kv(self) -> None:
-        from llamacpp_mla_port.proof.draft_logits import run_draft_logits
-        from llamacpp_mla_port.proof.reference import nmse
+        from llamacpp_mla_port.proof.run.draft_logits import run_draft_logits
+        from llamacpp_mla_port.proof.reference.model import nmse
         from llamacpp_mla_port.proof.realsize import real_draft_config
 
         cfg = real_draft_config()
@@ -224,7 +224,7 @@ class Bench:
 
     # ------------------------------------------------------------------ llama.cpp passes
     def _draft_bench(self, wt: str, tag: str, args: list, extra_bufts: bool) -> dict:
-        from llamacpp_mla_port.proof.processes import run_bounded
+        from llamacpp_mla_port.proof.run.processes import run_bounded
 
         exe = self._program("draft-bench")
         out = self.out / f"passes-{wt}-{tag}.json"
@@ -293,7 +293,7 @@ class Bench:
         import torch
 
         from llamacpp_mla_port.bench.torch_draft import TorchDraft
-        from llamacpp_mla_port.proof.reference import nmse
+        from llamacpp_mla_port.proof.reference.model import nmse
 
         torch.set_num_threads(self.threads)
         feats, ids = self.kv_inputs
@@ -398,10 +398,10 @@ def spec_split(tree: Path, build: Path, work: Path, threads: int, n_prompts: int
     on the tiny pair of the lossless proof (bigram draft, partly accepted)."""
     from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
     from llamacpp_mla_port.proof.lossless import PROMPTS, bigram_table, greedy_continuations, write_lossless_draft
-    from llamacpp_mla_port.proof.processes import run_bounded
-    from llamacpp_mla_port.proof.programs import compile_program
-    from llamacpp_mla_port.proof.reference import read_target_head
-    from llamacpp_mla_port.proof.targets import write_deep_kimi_k3_target
+    from llamacpp_mla_port.proof.run.processes import run_bounded
+    from llamacpp_mla_port.proof.run.programs import compile_program
+    from llamacpp_mla_port.proof.reference.model import read_target_head
+    from llamacpp_mla_port.fixtures.target_variants import write_deep_kimi_k3_target
 
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)

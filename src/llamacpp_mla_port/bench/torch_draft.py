@@ -1,6 +1,6 @@
 """The Kimi-K3-DSpark draft in plain PyTorch: what a user would run on CPU without llama.cpp.
 
-Written from shared/spec/draft-model.md like proof/reference.py, but the way a PyTorch user
+Written from shared/spec/draft-model.md like proof/reference/model.py, but the way a PyTorch user
 runs a model: BF16 weights straight from the checkpoint, BF16 activations, torch's own
 linear/einsum/softmax kernels, the latent (kv_lora + rope) rows cached per layer and the
 absorbed attention (q_nope . k_b against the latent, v_b after the attention), the target's
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.yarn import RopeConfig, attention_scale, cos_sin_magnitude, inv_freq
+from llamacpp_mla_port.proof.reference.yarn import RopeConfig, attention_scale, cos_sin_magnitude, inv_freq
 
 
 def _gguf_matrix(reader, name: str):

@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from llamacpp_mla_port.bench.run import run_bench
     from llamacpp_mla_port.errors import PortError
-    from llamacpp_mla_port.workspace import default_work_dir, locate_build
+    from llamacpp_mla_port.series.worktree import default_work_dir, locate_build
 
     stages = None
     if args.stages:

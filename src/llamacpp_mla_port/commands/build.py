@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from llamacpp_mla_port.build import DEFAULT_TARGETS, RPC_TARGETS, ensure_build
-from llamacpp_mla_port.workspace import default_work_dir
+from llamacpp_mla_port.series.worktree import default_work_dir
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -2,8 +2,8 @@
 
 import sys
 
-from llamacpp_mla_port import engine
 from llamacpp_mla_port.commands.common import add_source_args, options
+from llamacpp_mla_port.series import pipeline
 
 
 def configure(parser):
@@ -13,7 +13,7 @@ def configure(parser):
 
 
 def run(args) -> int:
-    diff = engine.check(options(args))
+    diff = pipeline.check(options(args))
     if not diff:
         print("patches/ match a fresh render")
         return 0

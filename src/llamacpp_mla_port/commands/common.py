@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llamacpp_mla_port.engine import Options
-from llamacpp_mla_port.upstream import SOURCES
+from llamacpp_mla_port.series.pipeline import Options
+from llamacpp_mla_port.source.obtain import SOURCES
 
 
 def add_source_args(parser: argparse.ArgumentParser) -> None:

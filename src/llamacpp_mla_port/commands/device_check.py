@@ -1,5 +1,5 @@
 """`device-check`: the GPU check, prepared here and run on a device machine (the work is
-proof/device.py; README "GPU check").
+device/; README "GPU check").
 
     llamacpp-mla-port device-check [--dry-run] [--tree DIR --build DIR]
         make work/device-bundle/ (pruned patched tree, wheels, fixtures, driver) and print the
@@ -42,30 +42,32 @@ def _log(msg: str) -> None:
 
 
 def run(args) -> int:
+    from llamacpp_mla_port.device import bundle as device
+    from llamacpp_mla_port.device.check import run_check
+    from llamacpp_mla_port.device.report import format_report
     from llamacpp_mla_port.errors import DeviceCheckError
-    from llamacpp_mla_port.proof import device
 
     if args.run:
         if not (args.bundle and args.out and args.work):
             raise DeviceCheckError("--run needs --bundle, --out and --work", hint="run the bundle's run.sh")
         budget = args.budget if args.budget is not None else (None if args.dry_run else device.DEVICE_BUDGET_S)
         stages = tuple(s for s in args.stages.split(",") if s) if args.stages else device.STAGES
-        report = device.run_check(args.bundle, args.out, args.work, args.dry_run, budget, stages)
-        sys.stdout.write(device.format_report(report))
+        report = run_check(args.bundle, args.out, args.work, args.dry_run, budget, stages)
+        sys.stdout.write(format_report(report))
         return 0 if report["ok"] else 1
 
     from llamacpp_mla_port import project
-    from llamacpp_mla_port.workspace import locate_build
+    from llamacpp_mla_port.series.worktree import locate_build
 
     root = project.current().root
     tree, build = locate_build(args.tree, args.build)
-    bundle = args.bundle or root / device.BUNDLE_REL
-    manifest = device.prepare_bundle(tree, build, bundle, repo_root=root, n_prompts=args.prompts, log=_log)
-    sys.stdout.write((bundle / "README.md").read_text())
-    sys.stdout.write(f"\nbundle {bundle}: {manifest['bundle_bytes']:,} B; with the checkout's travelling files "
+    folder = args.bundle or root / device.BUNDLE_REL
+    manifest = device.prepare_bundle(tree, build, folder, repo_root=root, n_prompts=args.prompts, log=_log)
+    sys.stdout.write((folder / "README.md").read_text())
+    sys.stdout.write(f"\nbundle {folder}: {manifest['bundle_bytes']:,} B; with the checkout's travelling files "
                      f"{manifest['carried_total_bytes']:,} B of {manifest['carry_limit_bytes']:,}\n")
     if not args.dry_run:
         return 0
     env = {**os.environ, "DRY_RUN": "1", "MLA_PYTHON": sys.executable,
            "MLA_DEVICE_OUT": str(root / device.DRY_OUT_REL)}
-    return subprocess.run(["bash", str(bundle / "run.sh")], env=env).returncode
+    return subprocess.run(["bash", str(folder / "run.sh")], env=env).returncode

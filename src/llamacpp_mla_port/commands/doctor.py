@@ -1,7 +1,7 @@
 """`doctor`: diagnose (and repair) a K3 DSpark draft GGUF from its header and metadata.
 
-Arguments, exit code and the human-readable printout; the checks are doctor_checks.py and
-the diagnosis and repair doctor.py (its module doc lists the exit codes and what can be fixed).
+Arguments, exit code and the human-readable printout; the checks are doctor/checks.py and
+the diagnosis and repair doctor/diagnose.py (its module doc lists the exit codes and what can be fixed).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llamacpp_mla_port.doctor import diagnose, fix_metadata
-from llamacpp_mla_port.doctor_checks import ERROR, OK, WARNING, Finding
+from llamacpp_mla_port.doctor.diagnose import diagnose, fix_metadata
+from llamacpp_mla_port.doctor.findings import ERROR, OK, WARNING, Finding
 from llamacpp_mla_port.errors import PortError
 
 EPILOG = """exit codes: 0 all checks ok, 1 warnings only, 2 errors (or unreadable GGUF).

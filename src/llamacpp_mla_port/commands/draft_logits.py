@@ -4,7 +4,7 @@
         --features feats.npy --tokens 163837,163837,... --out outdir/ [--reference ckpt_dir]
 
 Writes outdir/{biased_logits,chain,hidden,base_logits[,confidence]}.npy and meta.json
-(see proof/cpp/draft-logits.cpp). With --reference the float64 reference of the same HF
+(see proof/run/cpp/draft-logits.cpp). With --reference the float64 reference of the same HF
 checkpoint runs on the same inputs and the NMSE per output is printed, which is the check
 llama.cpp asks of a model port; in a reduced precision (F16/Q8_0 cache, flash attention,
 BF16 weights) also the staged NMSE against the reference emulating the CPU backend's
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from llamacpp_mla_port.proof.draft_logits import CACHE_TYPES, run_draft_logits
-from llamacpp_mla_port.proof.programs import compile_program
-from llamacpp_mla_port.proof.reference import stream_taps
-from llamacpp_mla_port.workspace import locate_build
+from llamacpp_mla_port.proof.reference.model import stream_taps
+from llamacpp_mla_port.proof.run.draft_logits import CACHE_TYPES, run_draft_logits
+from llamacpp_mla_port.proof.run.programs import compile_program
+from llamacpp_mla_port.series.worktree import locate_build
 
 
 def configure(parser) -> None:
@@ -58,7 +58,7 @@ def run(args) -> int:
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     ref = None
     if args.reference:
-        from llamacpp_mla_port.proof.reference import DraftReference
+        from llamacpp_mla_port.proof.reference.model import DraftReference
         ref = DraftReference.load(args.reference, args.target)
     got = run_draft_logits(binary, args.draft, args.target, args.features, tokens, args.out,
                            ctx_pos0=args.ctx_pos0, block_pos0=args.block_pos0,
@@ -70,7 +70,7 @@ def run(args) -> int:
               "kv_bytes_per_token": got.kv_bytes_per_token}
     if ref is not None:
         from llamacpp_mla_port.proof.parity import compare, compare_staged
-        from llamacpp_mla_port.proof.precision import cpu_precision, gguf_tensor_types
+        from llamacpp_mla_port.proof.reference.precision import cpu_precision, gguf_tensor_types
         feats = np.load(args.features).astype(np.float32).astype(np.float64)
         where = {"ctx_positions": args.ctx_pos0 + np.arange(feats.shape[0]), "block_pos0": args.block_pos0}
         report["parity"] = compare(got, ref.forward(feats, tokens, **where))

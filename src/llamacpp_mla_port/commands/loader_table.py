@@ -1,7 +1,7 @@
 """`loader-table`: the doctor's table of what the loader requires, read from the patched tree.
 
 Without --write: exit 1 and print the drift when the checkout's table differs from a fresh
-read of the tree. With --write: rewrite it (then commit it). The work is loader_table.py.
+read of the tree. With --write: rewrite it (then commit it). The work is doctor/loader_table.py.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 from llamacpp_mla_port import project
-from llamacpp_mla_port.loader_table import TABLE_NAME, generate, render
-from llamacpp_mla_port.workspace import default_work_dir
+from llamacpp_mla_port.doctor.loader_table import TABLE_NAME, generate, render
+from llamacpp_mla_port.series.worktree import default_work_dir
 
 #: where the table lives in a checkout (shipped as package data)
-TABLE_IN_CHECKOUT = Path("src") / "llamacpp_mla_port" / "data" / TABLE_NAME
+TABLE_IN_CHECKOUT = Path("src") / "llamacpp_mla_port" / "doctor" / "data" / TABLE_NAME
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

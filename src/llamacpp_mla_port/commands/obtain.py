@@ -1,7 +1,7 @@
 """`obtain`: the pinned base in the tool-owned work tree, nothing applied yet."""
 
-from llamacpp_mla_port import engine
 from llamacpp_mla_port.commands.common import add_source_args, options
+from llamacpp_mla_port.series import pipeline
 
 
 def configure(parser):
@@ -9,6 +9,6 @@ def configure(parser):
 
 
 def run(args) -> int:
-    ws, repo, pin, base = engine.prepare(options(args))
+    ws, repo, pin, base = pipeline.prepare(options(args))
     print(f"base {pin.tag} {pin.commit} ({base.source}, tree {base.tree[:12]}) in {ws.tree}")
     return 0

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from llamacpp_mla_port.proof.parity import format_mode_table, run_matrix
-from llamacpp_mla_port.workspace import locate_build
+from llamacpp_mla_port.series.worktree import locate_build
 
 
 def configure(parser) -> None:

@@ -1,7 +1,7 @@
 """`patch`: render templates/, export patches/, apply the series with `git am -3`."""
 
-from llamacpp_mla_port import engine
 from llamacpp_mla_port.commands.common import add_source_args, options
+from llamacpp_mla_port.series import pipeline
 
 
 def configure(parser):
@@ -9,5 +9,5 @@ def configure(parser):
 
 
 def run(args) -> int:
-    engine.patch(options(args))
+    pipeline.patch(options(args))
     return 0

@@ -1,6 +1,6 @@
 """`pr` (make pr): per-commit build and lint checks, the proof, an evidence folder.
 
-Nothing is pushed and no PR description is written; the work is upstream_kit.py.
+Nothing is pushed and no PR description is written; the work is upstreaming/pr.py.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llamacpp_mla_port.upstream_kit import PR_TARGETS, PrOptions, make_pr
+from llamacpp_mla_port.upstreaming.pr import PR_TARGETS, PrOptions, make_pr
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

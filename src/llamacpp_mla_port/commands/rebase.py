@@ -1,6 +1,6 @@
 """`rebase`: re-render the series onto a newer upstream, move the pin forward; `--canary`
 only tries and reports; `--canary --prove` also applies, builds and proves it in a canary
-dir of its own (the work is rebase.py and canary.py).
+dir of its own (the work is upstreaming/rebase.py and canary.py).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from llamacpp_mla_port.errors import PortError
-from llamacpp_mla_port.rebase import RebaseOptions, format_text, rebase
-from llamacpp_mla_port.upstream import SOURCES
+from llamacpp_mla_port.source.obtain import SOURCES
+from llamacpp_mla_port.upstreaming.rebase import RebaseOptions, format_text, rebase
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_full_canary(args: argparse.Namespace) -> int:
-    from llamacpp_mla_port.canary import REPORT_NAME, CanaryOptions, run_canary, stage_line
+    from llamacpp_mla_port.upstreaming.canary import REPORT_NAME, CanaryOptions, run_canary, stage_line
     opts = CanaryOptions(onto=args.onto, git_url=args.git_url, tag=args.tag,
                          templates_dir=args.templates_dir, patches_dir=args.patches_dir,
                          canary_dir=args.canary_dir, cmake_args=tuple(args.cmake_arg),

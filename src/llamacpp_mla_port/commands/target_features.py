@@ -3,7 +3,7 @@
     llamacpp-mla-port target-features --target T.gguf (--draft D.gguf | --layers 1,3) \\
         --tokens 1,2,3 --out DIR [--dump NAME,...] [--tree ... --build ...]
 
-The work is proof/target_features.py (the program and the independent prefix stream).
+The work is proof/run/target_features.py (the program and the independent prefix stream).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from llamacpp_mla_port.proof.programs import compile_program
-from llamacpp_mla_port.proof.target_features import dump_target_features
-from llamacpp_mla_port.workspace import locate_build
+from llamacpp_mla_port.proof.run.programs import compile_program
+from llamacpp_mla_port.proof.run.target_features import dump_target_features
+from llamacpp_mla_port.series.worktree import locate_build
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

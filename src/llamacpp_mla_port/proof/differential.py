@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.processes import run_bounded
+from llamacpp_mla_port.proof.run.processes import run_bounded
 
 #: What the doctor may refuse although llama.cpp loads and drafts: mutant id (base:what:op)
 #: -> (doctor check that must say so, the semantic reason). Anything else the doctor fails
@@ -271,7 +271,7 @@ def run_loader(binary: Path, target: Path, paths: list[Path], threads: int = 1,
 
 def run_doctor(path: Path, target: Path | None) -> tuple[int, list[tuple[str, str]]]:
     """The doctor's exit code and its error findings (a GGUFError is exit 2)."""
-    from llamacpp_mla_port.doctor import diagnose
+    from llamacpp_mla_port.doctor.diagnose import diagnose
     from llamacpp_mla_port.errors import GGUFError
 
     try:

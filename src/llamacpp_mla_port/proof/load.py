@@ -13,9 +13,10 @@ What it checks (`check_load` lists every failure):
     prompt (ids from the target-features program, one sequence at a time), and every
     cancelled stream is a prefix of it;
   * every /health poll answered 200 and the server was still running at the end;
-  * memory does not grow: the largest RSS over the last 50 measured requests is at most
-    the largest over the first 50 plus RSS_SLACK_KIB (the allocator's noise allowance,
-    see its comment);
+  * memory does not leak: with the server's growing caches switched off (CACHE_OFF_ARGS),
+    the slope of RSS against the request count over the last JUDGED measured requests (the
+    median of the Theil-Sen slopes of SEGMENTS parts) is at most LEAK_BOUND_KIB_PER_REQUEST
+    (memory_verdict): a leak tilts every part, a cache filling in a step or two does not;
   * the draft drafted (its acceptance is reported with the rest).
 Requests per second with and without the draft are reported as a ratio, never asserted.
 Flash attention is on in both servers, as in the reference program: with it off, a long
@@ -23,12 +24,14 @@ prompt of the tiny target meets a near-tie and the greedy text differs from the 
 
     run_load_test(tree, build, work, base_target, ...) -> report dict
     check_load(report) -> list of failures (empty: all held)
+    memory_verdict(rss_series) -> the slope and whether it is a leak (also used on controls)
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import threading
 import time
@@ -37,22 +40,54 @@ from pathlib import Path
 
 from llamacpp_mla_port.proof.lossless import (PROMPTS, Server, bigram_table, greedy_continuations, render,
                                               same_greedy_output, write_lossless_draft)
-from llamacpp_mla_port.proof.processes import LOCALHOST
+from llamacpp_mla_port.proof.run.processes import LOCALHOST
 
 N_PREDICT = 16
 #: requests before the measured plan: the server's RSS rises over its first ~100 requests
-#: (prompt-cache entries, per-thread malloc arenas, buffers reaching their working size; measured
-#: +10 MiB, flat after ~70-90 requests) and only then can a leak be told from warm-up
+#: (per-thread malloc arenas, buffers reaching their working size) and only then can a leak
+#: be told from warm-up
 WARMUP = 100
+#: measured requests, and how many of the last ones the leak slope is judged over
+N_MEASURED = 600
+JUDGED = 400
+#: parts of the judged requests whose slopes the median is taken over
+SEGMENTS = 5
 MODES = ("json", "stream", "cancel")
 #: share of the plan per mode: most requests complete, about one in six is cancelled mid-stream
 MODE_WEIGHTS = (0.6, 0.25, 0.15)
-#: allowance for allocator noise between the first and the last 50 measured requests: after the
-#: warm-up the largest RSS of the last 50 exceeded that of the first 50 by 4 KiB (with the draft)
-#: and 36 KiB (target alone) on the 2-core Sapphire Rapids build; 1 MiB is 28x the worst. A leak
-#: of ~7 KiB per request over the ~150 requests between the two windows exceeds it
-RSS_SLACK_KIB = 1024
+#: the server's caches that grow by design, off for the memory check (llama-server's options):
+#: the RAM prompt cache idle slots are saved into (8 GiB by default), idle-slot saving, prompt
+#: reuse, context checkpoints. MALLOC_ARENA_MAX bounds glibc's per-thread arenas
+CACHE_OFF_ARGS = ("--cache-ram", "0", "--no-cache-idle-slots", "--no-cache-prompt", "--ctx-checkpoints", "0")
+CACHE_OFF_ENV = {"MALLOC_ARENA_MAX": "2"}
+#: a leak worth catching; see docs/bounds.md for the slopes measured and the leaking controls
+LEAK_BOUND_KIB_PER_REQUEST = 1.0
+#: a safety bound that turns a hung /health into a failure (latency is reported, not judged)
+HEALTH_TIMEOUT_S = 30
+#: windows reported (not judged) for reading the series by eye
 WINDOW = 50
+
+
+def theil_sen_slope(ys: list[float]) -> float:
+    """The median of the slopes between every pair of samples (x = the sample's index)."""
+    import numpy as np
+    y = np.asarray(ys, dtype=np.float64)
+    i, j = np.triu_indices(len(y), k=1)
+    return float(np.median((y[j] - y[i]) / (j - i))) if len(y) > 1 else 0.0
+
+
+def memory_verdict(rss_kib: list[int], judged: int = JUDGED, segments: int = SEGMENTS,
+                   bound: float = LEAK_BOUND_KIB_PER_REQUEST) -> dict:
+    """RSS slope in KiB per request over the last `judged` samples: the median of the Theil-Sen
+    slopes of `segments` equal parts. A leak tilts every part; a cache filling in up to
+    (segments - 1) // 2 steps tilts fewer parts than half and leaves the median flat."""
+    tail = list(rss_kib[-judged:])
+    size = max(1, len(tail) // segments)
+    parts = [theil_sen_slope(tail[k * size:(k + 1) * size]) for k in range(segments)]
+    slope = sorted(parts)[segments // 2]
+    return {"judged_requests": len(tail), "slope_kib_per_request": round(slope, 4),
+            "segment_slopes": [round(x, 4) for x in parts], "bound_kib_per_request": bound,
+            "growth_kib": (tail[-1] - tail[0]) if tail else 0, "leak": len(tail) < judged or slope > bound}
 
 
 def mixed_prompts(n_each: int = 4) -> list[str]:
@@ -95,6 +130,7 @@ class LoadRun:
     results: list[Result]
     rss: list[int]                      # KiB, in the order requests finished
     health: list[int | str] = field(default_factory=list)
+    health_seconds: list[float] = field(default_factory=list)
     seconds: float = 0.0
     alive_at_end: bool = True
 
@@ -163,10 +199,12 @@ def run_load(server: Server, prompts: list[str], plan: list[tuple[int, str]], cl
     def health() -> None:
         while not done.is_set():
             try:
-                conn = http.client.HTTPConnection(LOCALHOST, server.port, timeout=5)
+                t = time.monotonic()
+                conn = http.client.HTTPConnection(LOCALHOST, server.port, timeout=HEALTH_TIMEOUT_S)
                 conn.request("GET", "/health")
                 run.health.append(conn.getresponse().status)
                 conn.close()
+                run.health_seconds.append(time.monotonic() - t)
             except Exception as err:
                 run.health.append(f"{type(err).__name__}: {err}")
             done.wait(health_period)
@@ -194,6 +232,7 @@ def summarize(run: LoadRun, reference: list[str], prompts: list[str]) -> dict:
     mismatches += [f"cancelled request {r.index} (prompt {r.prompt}): {r.content!r} is not a prefix of "
                    f"{reference[r.prompt]!r}" for r in cancelled if not reference[r.prompt].startswith(r.content)]
     first, last = run.rss[:WINDOW], run.rss[-WINDOW:]
+    memory = memory_verdict(run.rss)
     return {
         "requests": len(run.results),
         "completed": len(completed),
@@ -203,11 +242,13 @@ def summarize(run: LoadRun, reference: list[str], prompts: list[str]) -> dict:
         "mismatches": mismatches,
         "health_polls": len(run.health),
         "health_failures": [h for h in run.health if h != 200],
+        "health_max_seconds": round(max(run.health_seconds), 3) if run.health_seconds else None,
         "alive_at_end": run.alive_at_end,
         "rss_first50_max_kib": max(first) if first else None,
         "rss_last50_max_kib": max(last) if last else None,
         "rss_first50_median_kib": sorted(first)[len(first) // 2] if first else None,
         "rss_last50_median_kib": sorted(last)[len(last) // 2] if last else None,
+        "memory": memory,
         "seconds": round(run.seconds, 2),
         "requests_per_second": round(len(run.results) / run.seconds, 3) if run.seconds else None,
         "drafted": sum(r.draft_n for r in run.results),
@@ -217,13 +258,13 @@ def summarize(run: LoadRun, reference: list[str], prompts: list[str]) -> dict:
     }
 
 
-def run_load_test(tree: Path, build: Path, work: Path, base_target: Path, n_requests: int = 200,
+def run_load_test(tree: Path, build: Path, work: Path, base_target: Path, n_requests: int = N_MEASURED,
                   clients: int = 8, draft_max: int = 4, threads: int = 1, warmup: int = WARMUP,
                   log=print) -> dict:
     """Both runs (with and without the draft) on the same plan, each after its warm-up; the report."""
-    from llamacpp_mla_port.proof.programs import compile_program
-    from llamacpp_mla_port.proof.reference import read_target_head
-    from llamacpp_mla_port.proof.targets import write_deep_kimi_k3_target
+    from llamacpp_mla_port.proof.run.programs import compile_program
+    from llamacpp_mla_port.proof.reference.model import read_target_head
+    from llamacpp_mla_port.fixtures.target_variants import write_deep_kimi_k3_target
 
     t0 = time.monotonic()
     work = Path(work)
@@ -242,10 +283,11 @@ def run_load_test(tree: Path, build: Path, work: Path, base_target: Path, n_requ
     report: dict = {"setup_seconds": round(time.monotonic() - t0, 1),
                     "clients": clients, "parallel": 2, "n_predict": N_PREDICT, "draft_max": draft_max,
                     "prompt_tokens": {"min": min(prompt_tokens), "max": max(prompt_tokens)},
-                    "rss_slack_kib": RSS_SLACK_KIB}
+                    "cache_off_args": list(CACHE_OFF_ARGS), "cache_off_env": CACHE_OFF_ENV}
     for name, dft in (("with_draft", draft), ("target_alone", None)):
+        extra = [*CACHE_OFF_ARGS, *(["-td", str(threads)] if dft is not None else [])]
         srv = Server(build, target, dft, draft_max, True, 0.0, work / f"server-{name}.log", parallel=2,
-                     threads=threads, extra=["-td", str(threads)] if dft is not None else [])
+                     threads=threads, extra=extra, env={**os.environ, **CACHE_OFF_ENV})
         try:
             warm = run_load(srv, prompts, request_plan(warmup, len(prompts), seed=1400), clients)
             run = run_load(srv, prompts, plan, clients)
@@ -255,8 +297,9 @@ def run_load_test(tree: Path, build: Path, work: Path, base_target: Path, n_requ
         report[name]["warmup"] = {k: v for k, v in summarize(warm, reference, prompts).items() if k != "rss_kib"}
         log(f"load {name}: {report[name]['requests']} requests ({report[name]['completed']} completed, "
             f"{report[name]['cancelled']} cancelled) in {report[name]['seconds']} s, "
-            f"{report[name]['requests_per_second']} req/s; RSS max first 50 {report[name]['rss_first50_max_kib']} "
-            f"KiB, last 50 {report[name]['rss_last50_max_kib']} KiB; health {report[name]['health_polls']} polls")
+            f"{report[name]['requests_per_second']} req/s; RSS slope {report[name]['memory']['slope_kib_per_request']} "
+            f"KiB/request over the last {report[name]['memory']['judged_requests']} (bound "
+            f"{LEAK_BOUND_KIB_PER_REQUEST}); health {report[name]['health_polls']} polls")
     with_d, alone = report["with_draft"]["requests_per_second"], report["target_alone"]["requests_per_second"]
     report["req_per_s_ratio_draft_vs_alone"] = round(with_d / alone, 3) if with_d and alone else None
     report["seconds"] = round(time.monotonic() - t0, 1)
@@ -265,7 +308,7 @@ def run_load_test(tree: Path, build: Path, work: Path, base_target: Path, n_requ
     return report
 
 
-def check_load(report: dict, min_requests: int = 200) -> list[str]:
+def check_load(report: dict, min_requests: int = N_MEASURED) -> list[str]:
     """Every way the load test failed (empty when everything held)."""
     failures = []
     for name in ("with_draft", "target_alone"):
@@ -284,9 +327,11 @@ def check_load(report: dict, min_requests: int = 200) -> list[str]:
             failures.append(f"{name}: /health failed {r['health_failures'][:5]} of {r['health_polls']} polls")
         if not r["alive_at_end"]:
             failures.append(f"{name}: the server was not running at the end")
-        if r["rss_last50_max_kib"] > r["rss_first50_max_kib"] + RSS_SLACK_KIB:
-            failures.append(f"{name}: RSS grew: max {r['rss_first50_max_kib']} KiB over the first {WINDOW} requests, "
-                            f"{r['rss_last50_max_kib']} KiB over the last {WINDOW} (slack {RSS_SLACK_KIB} KiB)")
+        m = r["memory"]
+        if m["leak"]:
+            failures.append(f"{name}: RSS grows by {m['slope_kib_per_request']} KiB per request over the last "
+                            f"{m['judged_requests']} requests (bound {m['bound_kib_per_request']}; "
+                            f"{m['growth_kib']} KiB in all), caches off: a leak")
     if report["with_draft"]["drafted"] == 0:
         failures.append("with_draft: the draft drafted nothing")
     return failures

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.processes import LOCALHOST, Measured, Owned, free_port, run_bounded
+from llamacpp_mla_port.proof.run.processes import LOCALHOST, Measured, Owned, free_port, run_bounded
 
 N_PREDICT = 24
 PROMPTS: tuple[str, ...] = tuple(
@@ -113,7 +113,7 @@ class Server:
 
     def __init__(self, build: Path, target: Path, draft: Path | None, draft_max: int, flash_attn: bool,
                  p_min: float, log_path: Path, parallel: int = 2, threads: int = 2, extra: list[str] = (),
-                 request_timeout: float = 300, load_timeout: float = 120):
+                 request_timeout: float = 300, load_timeout: float = 120, env: dict | None = None):
         self.port = free_port()
         self.request_timeout = request_timeout
         cmd = [str(Path(build) / "bin" / "llama-server"), "-m", str(target), "--port", str(self.port),
@@ -123,7 +123,7 @@ class Server:
             cmd += ["-md", str(draft), "--spec-type", "draft-dspark", "--spec-draft-n-max", str(draft_max),
                     "--spec-draft-p-min", str(p_min)]
         self.cmd = cmd + list(extra)
-        self.owned = Owned(self.cmd, log_path, name="llama-server")
+        self.owned = Owned(self.cmd, log_path, env=env, name="llama-server")
         try:
             self.owned.wait_http(f"http://{LOCALHOST}:{self.port}/health", seconds=load_timeout)
         except BaseException:
@@ -216,7 +216,7 @@ def write_lossless_draft(tree: Path, work: Path, name: str, hidden: int, vocab: 
     from safetensors.torch import load_file, save_file
 
     from llamacpp_mla_port.fixtures.checkpoint import k3_dspark_config, write_target_tokenizer_dir
-    from llamacpp_mla_port.proof.convert import convert_checkpoint
+    from llamacpp_mla_port.proof.run.convert import convert_checkpoint
     from llamacpp_mla_port.proof.parity import write_parity_checkpoint
 
     base = Path(work) / name
@@ -263,9 +263,9 @@ class LosslessPair:
 def prepare_pair(tree: Path, build: Path, work: Path, base_target: Path, n_prompts: int = 20,
                  draft_names=("bigram", "random")) -> LosslessPair:
     """Target, drafts (the bigram draft learns from HALF the prompts) and target-alone texts."""
-    from llamacpp_mla_port.proof.programs import compile_program
-    from llamacpp_mla_port.proof.reference import read_target_head
-    from llamacpp_mla_port.proof.targets import write_deep_kimi_k3_target
+    from llamacpp_mla_port.proof.run.programs import compile_program
+    from llamacpp_mla_port.proof.reference.model import read_target_head
+    from llamacpp_mla_port.fixtures.target_variants import write_deep_kimi_k3_target
 
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)

@@ -58,11 +58,11 @@ from typing import Callable, Mapping
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.draft_logits import run_draft_logits
-from llamacpp_mla_port.proof.precision import (EXACT, Q8_0_BLOCK, Precision, cpu_precision, gguf_tensor_types,
-                                               round_to)
-from llamacpp_mla_port.proof.reference import (TAP_CONTEXT_ROWS, TAP_EMBEDDINGS, DraftOutputs, DraftReference, nmse,
-                                               stage_outputs, stream_taps)
+from llamacpp_mla_port.proof.run.draft_logits import run_draft_logits
+from llamacpp_mla_port.proof.reference.precision import (EXACT, Q8_0_BLOCK, Precision, cpu_precision, gguf_tensor_types,
+                                                         round_to)
+from llamacpp_mla_port.proof.reference.model import (TAP_CONTEXT_ROWS, TAP_EMBEDDINGS, DraftOutputs, DraftReference,
+                                                     nmse, stage_outputs, stream_taps)
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def make_draft(tree: Path, work: Path, pcfg: ParityConfig, hidden: int, vocab: i
                seed: int = 0) -> tuple[Path, Path]:
     """(checkpoint dir, converted draft GGUF) for one config and weight dtype; reused when present."""
     from llamacpp_mla_port.fixtures.checkpoint import write_target_tokenizer_dir
-    from llamacpp_mla_port.proof.convert import convert_checkpoint
+    from llamacpp_mla_port.proof.run.convert import convert_checkpoint
 
     base = Path(work) / f"{pcfg.name}-{weights}"
     ckpt, gguf_path, tok = base / "checkpoint", base / "draft.gguf", base / "target-tokenizer"
@@ -401,7 +401,7 @@ def run_case(binary: Path, draft: Path, target: Path, ref: DraftReference, mode:
 def run_parity(tree: Path, build: Path, work: Path, target_for: TargetFactory, hidden: int, vocab: int,
                configs=PARITY_CONFIGS, modes=MODES, threads: int = 2, seed: int = 0, log=print,
                devices: str | None = None) -> ParityResult:
-    from llamacpp_mla_port.proof.programs import compile_program
+    from llamacpp_mla_port.proof.run.programs import compile_program
 
     binary = compile_program("draft-logits", tree, build)
     work = Path(work)
@@ -477,9 +477,9 @@ def run_matrix(tree: Path, build: Path, work: Path, threads: int = 2, log=print)
     """The whole parity matrix against one build: the tiny Kimi-K3 target written by that
     build's test-llama-archs, every shape and mode (the verb `parity`)."""
     from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-    from llamacpp_mla_port.proof.reference import read_target_head
+    from llamacpp_mla_port.proof.reference.model import read_target_head
 
-    from llamacpp_mla_port.proof.targets import target_with_layers
+    from llamacpp_mla_port.fixtures.target_variants import target_with_layers
 
     work = Path(work)
     target = write_kimi_k3_target(build, work / "kimi-k3-target.gguf")

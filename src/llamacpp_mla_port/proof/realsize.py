@@ -48,7 +48,7 @@ def real_draft_config(taps=REAL_TAPS, n_target_layers: int = len(REAL_TARGET_LAY
 def write_real_target(build: Path, out_dir: Path, seed: int = 0) -> Path:
     """The widened Kimi-K3 target (module doc); reused when present."""
     from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-    from llamacpp_mla_port.proof.targets import write_deep_kimi_k3_target, write_wide_kimi_k3_target
+    from llamacpp_mla_port.fixtures.target_variants import write_deep_kimi_k3_target, write_wide_kimi_k3_target
 
     out_dir = Path(out_dir)
     out = out_dir / "kimi-k3-real-width.gguf"
@@ -91,7 +91,7 @@ def write_real_draft(tree: Path, out_dir: Path, config: dict, markov: dict | Non
     """Write the checkpoint streaming, convert it; the checkpoint is deleted unless kept.
     An existing GGUF (and checkpoint, when kept) in out_dir is reused: the writer is seeded."""
     from llamacpp_mla_port.fixtures.checkpoint import write_k3_dspark_checkpoint_streaming, write_target_tokenizer_dir
-    from llamacpp_mla_port.proof.convert import run_converter
+    from llamacpp_mla_port.proof.run.convert import run_converter
 
     out_dir = Path(out_dir)
     ckpt, out = out_dir / "checkpoint", out_dir / f"k3-dspark-real-{outtype}.gguf"
@@ -126,7 +126,7 @@ def run_real_lossless(tree: Path, build: Path, work: Path, n_prompts: int = 4, n
     """
     from llamacpp_mla_port.proof.lossless import (PROMPTS, Server, bigram_table, greedy_continuations,
                                                   render, same_greedy_output, speculative_simple, target_alone)
-    from llamacpp_mla_port.proof.programs import compile_program
+    from llamacpp_mla_port.proof.run.programs import compile_program
 
     t0 = time.monotonic()
     tree, build, work = Path(tree).resolve(), Path(build).resolve(), Path(work).resolve()

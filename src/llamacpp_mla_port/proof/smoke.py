@@ -48,12 +48,16 @@ def _stage(report: dict, name: str, fn):
 
 
 def target_side_check(tree: Path, build: Path, work: Path, base_target: Path) -> dict:
-    """The numbers of tests/test_target_features.py, for the report."""
-    from llamacpp_mla_port.proof.programs import compile_program
-    from llamacpp_mla_port.proof.reference import nmse, read_target_head
-    from llamacpp_mla_port.proof.target_features import (
-        dump_target_features, full_residual_stream, prefix_stream, sublayer_tensor_names)
-    from llamacpp_mla_port.proof.targets import write_deep_kimi_k3_target
+    """The numbers of tests/proof/test_target_features.py, for the report."""
+    from llamacpp_mla_port.proof.run.programs import compile_program
+    from llamacpp_mla_port.proof.reference.model import nmse, read_target_head
+    from llamacpp_mla_port.proof.run.target_features import (
+        dump_target_features,
+        full_residual_stream,
+        prefix_stream,
+        sublayer_tensor_names,
+    )
+    from llamacpp_mla_port.fixtures.target_variants import write_deep_kimi_k3_target
 
     binary = compile_program("target-features", tree, build)
     prompt = [1, 5, 9, 33, 70, 2, 5, 9, 100, 17, 17, 64]
@@ -97,7 +101,7 @@ def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | 
               no_build: bool = False, server: bool = True, quick: bool = False, threads: int = 2) -> dict:
     """Every stage; the report's "ok" says whether all passed (see the module doc)."""
     from llamacpp_mla_port import build as build_mod
-    from llamacpp_mla_port.workspace import locate_build
+    from llamacpp_mla_port.series.worktree import locate_build
 
     started = time.monotonic()
     report: dict = {"stages": {}}
@@ -114,10 +118,10 @@ def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | 
 
     if target is not None:
         from llamacpp_mla_port.proof.parity import run_parity
-        from llamacpp_mla_port.proof.reference import read_target_head
+        from llamacpp_mla_port.proof.reference.model import read_target_head
         embd, _ = read_target_head(target)
         vocab, hidden = embd.shape
-        from llamacpp_mla_port.proof.targets import target_with_layers
+        from llamacpp_mla_port.fixtures.target_variants import target_with_layers
         parity = _stage(report, "parity", lambda: run_parity(
             tree, build, work / "parity", lambda h, v, n: target_with_layers(target, work / "parity", n),
             hidden, vocab, threads=threads, log=_log))

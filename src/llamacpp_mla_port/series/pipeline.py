@@ -1,0 +1,148 @@
+"""The engine pipeline: obtain -> render -> commit -> export -> apply.
+
+Each step is its own module; this one only strings them together for the verbs
+`obtain`, `patch` and `check` (and for tests and the proof, which call it directly).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from llamacpp_mla_port import gitutil, project
+from llamacpp_mla_port.errors import SeriesError
+from llamacpp_mla_port.series import gitseries as series_mod
+from llamacpp_mla_port.series.render import RenderedCommit, render_series
+from llamacpp_mla_port.series.spec import Series, load_series
+from llamacpp_mla_port.series.worktree import Workspace, default_work_dir
+from llamacpp_mla_port.source.obtain import Base, obtain
+from llamacpp_mla_port.source.pin import Pin, load_pin
+
+
+@dataclass
+class Options:
+    work_dir: Path | None = None
+    patches_dir: Path | None = None      # None: the current checkout's (project.current())
+    templates_dir: Path | None = None
+    source: str = "auto"
+    git_url: str | None = None
+    sdist_file: Path | None = None
+    commit: str | None = None
+
+    def __post_init__(self) -> None:
+        self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
+
+    def pin(self) -> Pin:
+        pin = load_pin(self.templates_dir / "pin.toml")
+        if self.commit:
+            pin = pin.with_commit(self.commit)
+        return pin
+
+    def workspace(self) -> Workspace:
+        return Workspace(Path(self.work_dir) if self.work_dir else default_work_dir())
+
+
+@dataclass
+class Rendered:
+    pin: Pin
+    series: Series
+    base: Base
+    repo: git.Repo
+    commits: list[RenderedCommit]
+    shas: list[str]
+
+    @property
+    def head(self) -> str:
+        return self.shas[-1]
+
+
+def prepare(opts: Options, log=print) -> tuple[Workspace, git.Repo, Pin, Base]:
+    pin = opts.pin()
+    base = obtain(pin, opts.source, opts.git_url, opts.sdist_file, log)
+    ws = opts.workspace()
+    repo = ws.ensure(base, pin.commit, log)
+    return ws, repo, pin, base
+
+
+def render(opts: Options, repo: git.Repo, pin: Pin, base: Base) -> Rendered:
+    """Render every commit in memory and as commit objects; writes no files."""
+    series = load_series(opts.templates_dir)
+    commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p),
+                            base_label=f"{pin.tag} ({pin.commit[:12]})",
+                            extra_vars={"pin": pin})
+    shas = series_mod.commit_rendered(repo, base.sha, commits, series)
+    return Rendered(pin, series, base, repo, commits, shas)
+
+
+def export_fresh(r: Rendered, out_dir: Path) -> list[str]:
+    return series_mod.export(r.repo, r.base.sha, r.head, out_dir, r.pin, r.series)
+
+
+def patch(opts: Options, log=print) -> dict:
+    """`make patch`: the pinned tree with the series applied, and patches/ up to date."""
+    ws, repo, pin, base = prepare(opts, log)
+    ws.require_clean(repo)
+    r = render(opts, repo, pin, base)
+    with tempfile.TemporaryDirectory(prefix="mla-port-export-") as tmp:
+        names = export_fresh(r, Path(tmp))
+        changed = series_mod.install(Path(tmp), opts.patches_dir)
+    log(f"{opts.patches_dir}: {len(names)} patches, "
+        f"{'updated' if changed else 'unchanged'}")
+    series_mod.verify_manifest(opts.patches_dir)
+    state = ws.state()
+    head_tree = gitutil.run(repo, "rev-parse", f"{r.head}^{{tree}}")
+    current = gitutil.run(repo, "rev-parse", "HEAD")
+    if state.get("status") == "applied" and state.get("head") == current and \
+            gitutil.run(repo, "rev-parse", "HEAD^{tree}") == head_tree:
+        log(f"{ws.tree}: series already applied on branch {r.series.branch}")
+    else:
+        touched = {p for c in r.commits for p in c.files}
+        touched |= set(gitutil.run(repo, "diff", "--name-only", f"{base.sha}..HEAD").split())
+        kept = content_stamps(ws.tree, touched)
+        ws.save_state(status="applying", head=None)
+        new_head = series_mod.apply(repo, base.sha, r.series.branch,
+                                    series_mod.read_series(opts.patches_dir), r.series)
+        restore_unchanged_mtimes(ws.tree, kept)
+        got_tree = gitutil.run(repo, "rev-parse", f"{new_head}^{{tree}}")
+        if got_tree != head_tree:
+            gitutil.run(repo, "checkout", "-q", "-f", "-B", r.series.branch, base.sha)
+            ws.save_state(status="base", head=None)
+            raise SeriesError("the applied series differs from the rendered one",
+                              "patches/ is stale or edited: rerun `make patch`")
+        ws.save_state(status="applied", head=new_head)
+        log(f"{ws.tree}: {len(names)} commits applied with `git am -3` on branch "
+            f"{r.series.branch}")
+    return {"tree": ws.tree, "patches": names, "changed": changed, "head": r.head}
+
+
+def content_stamps(tree: Path, paths: set[str]) -> dict[str, tuple[bytes, int]]:
+    """(content, mtime) of the files a re-apply rewrites, before it rewrites them."""
+    stamps = {}
+    for rel in paths:
+        path = tree / rel
+        if path.is_file():
+            stamps[rel] = (path.read_bytes(), path.stat().st_mtime_ns)
+    return stamps
+
+
+def restore_unchanged_mtimes(tree: Path, stamps: dict[str, tuple[bytes, int]]) -> None:
+    """Re-applying the series resets and rewrites every file it touches; give the files whose
+    content came out the same their old mtime back, so an incremental build recompiles only
+    what a template edit really changed."""
+    for rel, (data, mtime) in stamps.items():
+        path = tree / rel
+        if path.is_file() and path.read_bytes() == data:
+            os.utime(path, ns=(path.stat().st_atime_ns, mtime))
+
+
+def check(opts: Options, log=print) -> str:
+    """The drift between checked-in patches/ and a fresh render ('' when none)."""
+    ws, repo, pin, base = prepare(opts, log)
+    r = render(opts, repo, pin, base)
+    with tempfile.TemporaryDirectory(prefix="mla-port-check-") as tmp:
+        export_fresh(r, Path(tmp))
+        return series_mod.drift(Path(tmp), opts.patches_dir)

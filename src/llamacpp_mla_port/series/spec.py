@@ -1,0 +1,136 @@
+"""The port description: templates/port.toml plus one folder per commit in templates/series/.
+
+Pure data loading and validation; rendering is series/render.py's job.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llamacpp_mla_port.errors import PortDescriptionError
+
+PLACEMENTS = ("after", "before", "replace", "create")
+_FOLDER = re.compile(r"^\d{2}-[a-z0-9][a-z0-9-]*$")
+_CHANGE_KEYS = {"file", "anchor", "within", "within_end", "placement", "template", "regex",
+                "vars"}
+
+
+@dataclass(frozen=True)
+class Change:
+    file: str
+    placement: str
+    template: str            # path relative to templates/
+    anchor: str | None = None
+    within: str | None = None
+    within_end: str | None = None
+    regex: bool = False
+    vars: dict = field(default_factory=dict)
+    origin: str = ""         # "series/NN-slug/commit.toml change #i", for messages
+
+
+@dataclass(frozen=True)
+class Commit:
+    slug: str                # folder name, e.g. "10-gguf-py-dflash-mla-tensors"
+    message_template: str    # path relative to templates/
+    changes: tuple[Change, ...]
+    vars: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Series:
+    root: Path
+    vars: dict
+    author_name: str
+    author_email: str
+    date: str
+    branch: str
+    commits: tuple[Commit, ...]
+
+
+def _load_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PortDescriptionError(f"{path} is missing",
+                                   "every series folder needs a commit.toml") from None
+    except tomllib.TOMLDecodeError as err:
+        raise PortDescriptionError(f"{path}: invalid TOML: {err}", "fix the syntax") from None
+
+
+def _change(raw: dict, folder: Path, root: Path, origin: str) -> Change:
+    unknown = set(raw) - _CHANGE_KEYS
+    if unknown:
+        raise PortDescriptionError(f"{origin}: unknown key(s) {sorted(unknown)}",
+                                   f"allowed keys: {sorted(_CHANGE_KEYS)}")
+    for key in ("file", "placement", "template"):
+        if key not in raw:
+            raise PortDescriptionError(f"{origin}: missing `{key}`", "see templates/README.md")
+    placement = raw["placement"]
+    if placement not in PLACEMENTS:
+        raise PortDescriptionError(f"{origin}: placement {placement!r} is not one of {PLACEMENTS}",
+                                   "see templates/README.md")
+    anchor = raw.get("anchor")
+    if placement == "create" and anchor is not None:
+        raise PortDescriptionError(f"{origin}: placement 'create' takes no anchor",
+                                   "remove `anchor` or use after/before/replace")
+    if placement != "create" and not anchor:
+        raise PortDescriptionError(f"{origin}: placement {placement!r} needs a non-empty anchor",
+                                   "add an `anchor` that matches exactly once in the file")
+    if "within_end" in raw and "within" not in raw:
+        raise PortDescriptionError(f"{origin}: `within_end` without `within`",
+                                   "add `within` or drop `within_end`")
+    template = folder / raw["template"]
+    if not template.is_file():
+        raise PortDescriptionError(f"{origin}: template {template} does not exist",
+                                   "create it or fix `template`")
+    file = raw["file"]
+    if file.startswith("/") or ".." in Path(file).parts:
+        raise PortDescriptionError(f"{origin}: file {file!r} must be a relative path inside the tree",
+                                   "use a path like src/models/dflash.cpp")
+    return Change(file=file, placement=placement, template=template.relative_to(root).as_posix(),
+                  anchor=anchor, within=raw.get("within"), within_end=raw.get("within_end"),
+                  regex=bool(raw.get("regex", False)), vars=dict(raw.get("vars", {})),
+                  origin=origin)
+
+
+def load_series(root: Path | None = None) -> Series:
+    if root is None:
+        from llamacpp_mla_port import project
+        root = project.current().templates_dir
+    port = _load_toml(root / "port.toml")
+    meta = port.get("series", {})
+    for key in ("author_name", "author_email", "date", "branch"):
+        if key not in meta:
+            raise PortDescriptionError(f"{root / 'port.toml'}: [series] has no `{key}`",
+                                       "restore templates/port.toml from git")
+    series_dir = root / "series"
+    folders = sorted(p for p in series_dir.iterdir() if p.is_dir()) if series_dir.is_dir() else []
+    commits = []
+    for folder in folders:
+        if not _FOLDER.match(folder.name):
+            raise PortDescriptionError(
+                f"{folder}: series folders are named NN-slug (two digits, lowercase slug)",
+                "rename the folder, e.g. 25-model-my-change")
+        data = _load_toml(folder / "commit.toml")
+        raw_changes = data.get("change", [])
+        if not raw_changes:
+            raise PortDescriptionError(f"{folder / 'commit.toml'}: no [[change]] entries",
+                                       "a commit must change something")
+        message = folder / "message.txt.j2"
+        if not message.is_file():
+            raise PortDescriptionError(f"{message} is missing",
+                                       "every commit needs a message draft: title, blank line, body")
+        changes = tuple(
+            _change(raw, folder, root, f"series/{folder.name}/commit.toml change #{i + 1}")
+            for i, raw in enumerate(raw_changes))
+        commits.append(Commit(slug=folder.name, message_template=message.relative_to(root).as_posix(),
+                              changes=changes, vars=dict(data.get("vars", {}))))
+    if not commits:
+        raise PortDescriptionError(f"{series_dir} holds no commit folders",
+                                   "the series needs at least one templates/series/NN-slug/")
+    return Series(root=root, vars=dict(port.get("vars", {})), author_name=meta["author_name"],
+                  author_email=meta["author_email"], date=meta["date"], branch=meta["branch"],
+                  commits=tuple(commits))

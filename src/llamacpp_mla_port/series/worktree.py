@@ -1,0 +1,214 @@
+"""The tool-owned work tree: <work-dir>/llama.cpp, a git repo the tool created.
+
+The tool only ever touches this directory (and its build dir beside it). It records what
+it did in .git/llamacpp-mla-port.json; a tree it did not create, or one with changes it did
+not make, is refused with a message saying how to proceed. Every step can be interrupted
+and simply rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from llamacpp_mla_port import gitutil, project
+from llamacpp_mla_port.errors import WorkTreeError
+from llamacpp_mla_port.source.obtain import Base, cache_repo
+
+STATE_FILE = "llamacpp-mla-port.json"
+BASE_BRANCH = "mla-port-base"
+
+
+def default_work_dir() -> Path:
+    """$MLA_PORT_WORK_DIR, else work/ of the current checkout."""
+    return project.current().work_dir
+
+
+def locate_build(tree: str | Path | None = None, build: str | Path | None = None) -> tuple[Path, Path]:
+    """The patched llama.cpp tree and its build dir the proof runs on.
+
+    Explicit paths first, else $MLA_PORT_TREE / $MLA_PORT_BUILD, else the tool-owned work
+    tree and build of the current checkout.
+    """
+    tree = tree or os.environ.get("MLA_PORT_TREE")
+    build = build or os.environ.get("MLA_PORT_BUILD")
+    if not (tree and build):
+        ws = Workspace(default_work_dir())
+        tree = tree or ws.tree
+        build = build or ws.build_dir
+    tree, build = Path(tree), Path(build)
+    if not (tree / "include" / "llama.h").is_file():
+        raise WorkTreeError(f"no patched llama.cpp tree at {tree}",
+                            "run `make patch` and `make build` first, or pass --tree/--build")
+    return tree, build
+
+
+@dataclass
+class Workspace:
+    work_dir: Path
+
+    def __post_init__(self) -> None:
+        # absolute: git runs in several directories (the clone in the work dir's parent), so a
+        # relative --work-dir / --canary-dir would name a different place for each of them
+        object.__setattr__(self, "work_dir", Path(self.work_dir).absolute())
+
+    @property
+    def tree(self) -> Path:
+        return self.work_dir / "llama.cpp"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.work_dir / "build"
+
+    @property
+    def state_path(self) -> Path:
+        return self.tree / ".git" / STATE_FILE
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict:
+        try:
+            return json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except json.JSONDecodeError:
+            raise WorkTreeError(f"{self.state_path} is corrupt",
+                                f"delete {self.tree} (`make clean-work`) and rerun") from None
+
+    def save_state(self, **updates) -> None:
+        state = {**self.state(), **updates}
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.state_path)
+
+    def repo(self) -> git.Repo:
+        return git.Repo(str(self.tree))
+
+    # ------------------------------------------------------------------ create
+    def ensure(self, base: Base, upstream_commit: str, log=print) -> git.Repo:
+        """A tool-owned work tree whose base branch is `base`; created if absent."""
+        if not self.tree.exists():
+            self._create(base, upstream_commit, log)
+        elif not self.state_path.is_file():
+            raise WorkTreeError(
+                f"{self.tree} exists but was not created by llamacpp-mla-port",
+                "move it away, or pass --work-dir DIR (MLA_PORT_WORK_DIR) to use another place")
+        repo = self.repo()
+        state = self.state()
+        if state.get("base") != base.sha:
+            # a new pin (or the other source): bring its commit in, keep the tree otherwise
+            self.require_clean(repo)
+            self._fetch_base(repo, base)
+            # clean and tool-made: leave the old series branch, stand on the new base
+            gitutil.run(repo, "checkout", "-q", "-f", "-B", BASE_BRANCH, base.sha)
+            self.save_state(base=base.sha, upstream_commit=upstream_commit,
+                            source=base.source, tree=base.tree, head=None, status="base")
+            log(f"work tree {self.tree}: base moved to {upstream_commit[:12]} ({base.source})")
+        return repo
+
+    def _create(self, base: Base, upstream_commit: str, log) -> None:
+        partial = self.work_dir / ".llama.cpp.partial"
+        shutil.rmtree(partial, ignore_errors=True)      # an interrupted earlier run
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        cache = cache_repo()
+        if (Path(cache.git_dir) / "shallow").exists():
+            # a git-source cache is shallow (depth-1 fetches): `clone --local` cannot copy a
+            # shallow repository, a fetch of the one commit can
+            partial.mkdir()
+            gitutil.run(partial, "init", "-q", ".")
+            self._fetch_base(git.Repo(str(partial)), base)
+        else:
+            # --local hard-links the cache's objects (a copy across filesystems): fast, and
+            # the work tree stays valid if the cache is deleted later
+            gitutil.run(partial.parent, "clone", "-q", "--local", "--no-checkout",
+                        cache.git_dir, str(partial))
+            gitutil.run(partial, "remote", "remove", "origin")
+            gitutil.run(partial, "update-ref", "refs/mla-port/base", base.sha)
+        gitutil.run(partial, "checkout", "-q", "-b", BASE_BRANCH, base.sha)
+        (partial / ".git" / STATE_FILE).write_text(json.dumps({
+            "base": base.sha, "upstream_commit": upstream_commit, "source": base.source,
+            "tree": base.tree, "head": None, "status": "base"}, indent=2, sort_keys=True) + "\n")
+        os.replace(partial, self.tree)
+        log(f"work tree {self.tree}: llama.cpp {upstream_commit[:12]} from {base.source}")
+
+    @staticmethod
+    def _fetch_base(repo: git.Repo, base: Base) -> None:
+        cache = cache_repo()
+        depth = ["--depth", "1"] if (Path(cache.git_dir) / "shallow").exists() else []
+        gitutil.run(repo, "fetch", "-q", "--no-tags", *depth, cache.git_dir,
+                    f"+{base.ref}:refs/mla-port/base")
+
+    # ------------------------------------------------------------------ checks
+    def _drop_stale_index_lock(self, repo: git.Repo) -> None:
+        """A git killed mid-command (an interrupted earlier run) leaves .git/index.lock behind
+        and every later git command refuses the tree. In the tool's own tree, a lock no live
+        process can hold (none runs inside the tree) is that leftover: remove it."""
+        lock = Path(repo.git_dir) / "index.lock"
+        if not lock.exists():
+            return
+        if _process_inside(self.tree):
+            raise WorkTreeError(f"{lock} exists and a process is running inside {self.tree}",
+                                "wait for that git (or llamacpp-mla-port) command to finish, then rerun")
+        lock.unlink(missing_ok=True)
+
+    def require_clean(self, repo: git.Repo) -> None:
+        """Refuse changes the tool did not make (edits, untracked files, user commits)."""
+        state = self.state()
+        self._drop_stale_index_lock(repo)
+        if (Path(repo.git_dir) / "rebase-apply").exists():
+            if state.get("status") == "applying":
+                gitutil.run(repo, "am", "--abort")       # our own interrupted `git am`
+            else:
+                raise WorkTreeError(f"{self.tree} has a `git am` in progress that the tool did "
+                                    "not start", f"finish or abort it (`git -C {self.tree} am "
+                                    "--abort`), then rerun")
+        if state.get("status") == "applying":
+            # interrupted mid-apply: whatever is there was written by the tool
+            gitutil.run(repo, "reset", "-q", "--hard")
+            gitutil.run(repo, "checkout", "-q", "-f", BASE_BRANCH)
+            self.save_state(status="base", head=None)
+            return
+        dirty = gitutil.run(repo, "status", "--porcelain", "--untracked-files=normal")
+        if dirty:
+            lines = dirty.splitlines()
+            shown = "; ".join(l.strip() for l in lines[:8]) + (" ..." if len(lines) > 8 else "")
+            raise WorkTreeError(
+                f"{self.tree} has changes the tool did not make: {shown}",
+                f"keep them with `git -C {self.tree} stash -u` (or commit them on a branch of "
+                "your own), or discard the whole work tree with `make clean-work`; then rerun")
+        head = gitutil.run(repo, "rev-parse", "HEAD")
+        known = {state.get("base"), state.get("head")}
+        if head not in known:
+            raise WorkTreeError(
+                f"{self.tree} is at {head[:12]}, a commit the tool did not make",
+                f"your work is safe on that commit: put it on a branch (`git -C {self.tree} "
+                f"branch my-work {head[:12]}`), then rerun; the tool will reset its own "
+                "branch only")
+
+
+def _process_inside(tree: Path) -> bool:
+    """Whether a live process (other than this one) has its working directory in `tree`: a git
+    command runs there. Without /proc (not Linux) a lock younger than a minute counts as live."""
+    tree = Path(tree).resolve()
+    proc = Path("/proc")
+    if not (proc / "self" / "cwd").exists():
+        lock = tree / ".git" / "index.lock"
+        try:
+            return time.time() - lock.stat().st_mtime < 60
+        except OSError:
+            return False
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            continue
+        if cwd == tree or tree in cwd.parents:
+            return True
+    return False

@@ -1,0 +1,350 @@
+"""The full canary (`rebase --onto X --canary --prove`, `make canary`): does the series
+render, apply, build and prove on a newer upstream? Nothing of the project is touched
+(work/, patches/, the pin): everything happens in a canary dir of its own, by default
+<project>/work-canary ($MLA_PORT_CANARY_DIR): llama.cpp/ (the new upstream with the series,
+a tool-owned work tree), build/, patches/ (the series as rendered there) and proof/.
+
+Stages, in order; the first that fails ends the run and names its evidence:
+  obtain   the new upstream into the cache (a commit, a clone, a folder, or a PyPI sdist
+           tree from templates/upstreams.toml): where it came from, sha256, build number
+  anchor   every change located again and rendered (upstreaming/rebase.py's analysis): the failing
+           anchor and the closest candidate lines, or the change already merged upstream
+  apply    the rendered series applied with `git am -3`, as `make patch` does: the rejected
+           patch, file, line and hunk
+  build    build.ensure_build of the targets the proof needs: the first compiler (or CMake,
+           or linker) error with file and line, and the series patch that wrote that line
+  proof    proof.smoke.run_smoke: the failing checks, and the figures either way
+Every stage records its time. A rerun reuses the canary dir (incremental build).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from llamacpp_mla_port import build as build_mod, gitutil, project
+from llamacpp_mla_port.errors import PatchApplyError, PortError
+from llamacpp_mla_port.series import pipeline, gitseries as series_mod
+from llamacpp_mla_port.series.spec import load_series
+from llamacpp_mla_port.series.worktree import Workspace
+from llamacpp_mla_port.source.obtain import cache_repo
+from llamacpp_mla_port.source.pin import load_pin
+from llamacpp_mla_port.upstreaming.rebase import MERGED, RebaseOptions, rebase
+from llamacpp_mla_port.upstreaming.targets import Target
+
+STAGES = ("obtain", "anchor", "apply", "build", "proof")
+ENV_DIR = "MLA_PORT_CANARY_DIR"
+REPORT_NAME = "canary.json"
+
+
+def default_canary_dir() -> Path:
+    env = os.environ.get(ENV_DIR)
+    return Path(env) if env else project.current().root / "work-canary"
+
+
+@dataclass
+class CanaryOptions:
+    onto: str
+    git_url: str | None = None
+    tag: str | None = None
+    templates_dir: Path | None = None
+    patches_dir: Path | None = None
+    canary_dir: Path | None = None
+    cmake_args: tuple[str, ...] = ()
+    jobs: int | None = None
+    # the configuration of the tests' build (RPC backend on): the canary's compiles then hit
+    # the ccache entries of that build, and the new upstream's ggml-rpc is compiled too
+    rpc: bool = True
+    prove: bool = True              # False: stop after the build
+    quick: bool = False             # smoke --quick
+    server: bool = True             # smoke without --no-server
+    threads: int = 2
+    baseline: Path | None = None    # a smoke report (e.g. of the pin) to compare the figures with
+
+    def __post_init__(self) -> None:
+        self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
+        # absolute: git runs inside the canary tree, where a relative path names something else
+        self.canary_dir = (Path(self.canary_dir) if self.canary_dir else default_canary_dir()).absolute()
+
+
+class _Failed(Exception):
+    def __init__(self, evidence: dict):
+        super().__init__(evidence.get("message", ""))
+        self.evidence = evidence
+
+
+def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
+    """Every stage until the first failure; the report (see the module doc). `on_stage(name,
+    entry)` is called as each stage ends (the verb prints one line per stage)."""
+    started = time.monotonic()
+    ws = Workspace(opts.canary_dir)
+    report: dict = {"ok": False, "stage": None, "onto": None, "old": None,
+                    "canary_dir": str(opts.canary_dir), "tree": str(ws.tree),
+                    "build_dir": str(ws.build_dir), "stages": {}, "failure": None}
+    state: dict = {}
+    pin = load_pin(opts.templates_dir / "pin.toml")
+    report["old"] = {"commit": pin.commit, "tag": pin.tag}
+    steps = [("obtain", lambda: _obtain(opts, pin, state, log)),
+             ("anchor", lambda: _anchor(opts, state, log)),
+             ("apply", lambda: _apply(opts, ws, state, log)),
+             ("build", lambda: _build(opts, ws, state))]
+    if opts.prove:
+        steps.append(("proof", lambda: _prove(opts, ws, log)))
+    for name, fn in steps:
+        t0 = time.monotonic()
+        try:
+            entry = {"ok": True, **(fn() or {})}
+        except _Failed as failed:
+            entry = {"ok": False, **failed.evidence}
+        except PortError as err:
+            entry = {"ok": False, "message": err.message, "hint": err.hint,
+                     "kind": type(err).__name__}
+        entry["seconds"] = round(time.monotonic() - t0, 1)
+        report["stages"][name] = entry
+        if name == "obtain" and "target" in state:
+            report["onto"] = state["onto"]
+        if on_stage:
+            on_stage(name, entry)
+        if not entry["ok"]:
+            report["stage"] = name
+            evidence = {k: v for k, v in entry.items() if k not in ("ok", "seconds", "figures")}
+            report["failure"] = {"stage": name, **evidence}
+            break
+    else:
+        report["ok"] = True
+        report["stage"] = "ok"
+    for name, _ in steps:
+        if name not in report["stages"]:
+            report["stages"][name] = {"ok": None, "skipped": f"the {report['stage']} stage failed"}
+            if on_stage:
+                on_stage(name, report["stages"][name])
+    report["seconds"] = round(time.monotonic() - started, 1)
+    return report
+
+
+# ------------------------------------------------------------------------------ stages
+def _obtain(opts: CanaryOptions, pin, state: dict, log) -> dict:
+    ropts = RebaseOptions(onto=opts.onto, git_url=opts.git_url, canary=True, tag=opts.tag,
+                          templates_dir=opts.templates_dir, patches_dir=opts.patches_dir,
+                          work_dir=opts.canary_dir, patches_out=opts.canary_dir / "patches")
+    target: Target = ropts.target(pin, log)
+    state.update(target=target, ropts=ropts)
+    state["onto"] = {"commit": target.commit, "tag": target.tag, "url": target.url,
+                     "source": target.base.source, "tree": target.base.tree, "build": target.build,
+                     "origin": target.origin}
+    out = {"label": target.label, "build": target.build, "source": target.base.source,
+           "tree": target.base.tree}
+    if "sha256" in target.origin:
+        out["sha256"] = target.origin["sha256"]
+    return out
+
+
+def _anchor(opts: CanaryOptions, state: dict, log) -> dict:
+    outcome = rebase(state["ropts"], log=log, target=state["target"])
+    state["outcome"] = outcome
+    n = len(outcome.changes)
+    moved = sum(1 for c in outcome.changes if c.status == "ok" and c.old_line not in (None, c.line))
+    summary = {"changes": n, "found": sum(1 for c in outcome.changes if c.status == "ok"),
+               "moved": moved, "relation": outcome.relation, "notes": outcome.notes}
+    if not outcome.ok:
+        first = outcome.first_failure
+        evidence = dataclasses.asdict(first) if first else {}
+        bad = [dataclasses.asdict(c) for c in outcome.changes if c.failed or c.status == MERGED]
+        raise _Failed({**summary, "outcome": outcome.status, "status": evidence.get("status"),
+                       "message": first.message if first else outcome.status,
+                       "file": evidence.get("file"), "anchor": evidence.get("anchor"),
+                       "candidates": evidence.get("candidates", []), "change": evidence.get("change"),
+                       "patch": evidence.get("patch"), "failures": bad})
+    return {**summary, "patches": outcome.patches, "range_diff": outcome.range_diff}
+
+
+def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
+    target: Target = state["target"]
+    outcome = state["outcome"]
+    series = load_series(opts.templates_dir)
+    patches = series_mod.read_series(opts.canary_dir / "patches")
+    if ws.tree.exists() and not ws.state_path.is_file():
+        raise PortError(f"{ws.tree} exists but was not created by llamacpp-mla-port",
+                        f"move it away, or pass another --canary-dir (${ENV_DIR})")
+    repo = ws.ensure(target.base, target.commit or target.tag, log)
+    ws.require_clean(repo)
+    touched = {f["path"] for p in _manifest(opts.canary_dir / "patches") for f in p["files"]}
+    touched |= set(gitutil.run(repo, "diff", "--name-only", f"{target.base.sha}..HEAD").split())
+    kept = pipeline.content_stamps(ws.tree, touched)
+    ws.save_state(status="applying", head=None)
+    try:
+        head = series_mod.apply(repo, target.base.sha, series.branch, patches, series)
+    except PatchApplyError as err:
+        ws.save_state(status="base", head=None)
+        d = err.details
+        raise _Failed({"message": f"`git am -3` rejected {d.get('patch', 'a patch')}"
+                                  + (f" at {d['file']}:{d['line']}" if "file" in d and "line" in d else ""),
+                       "patch": d.get("patch"), "subject": d.get("subject"), "file": d.get("file"),
+                       "line": d.get("line"), "hunk": d.get("hunk"), "output": d.get("output")})
+    pipeline.restore_unchanged_mtimes(ws.tree, kept)
+    ws.save_state(status="applied", head=head)
+    want = gitutil.run(cache_repo(), "rev-parse", f"{outcome.head}^{{tree}}")
+    got = gitutil.run(repo, "rev-parse", "HEAD^{tree}")
+    if got != want:
+        raise _Failed({"message": f"the applied series gives tree {got}, the rendered one {want}",
+                       "patch": None, "file": None, "line": None, "hunk": None})
+    return {"patches": len(patches), "head": head}
+
+
+def _build(opts: CanaryOptions, ws: Workspace, state: dict) -> dict:
+    from llamacpp_mla_port.proof.smoke import SMOKE_TARGETS
+    try:
+        build_mod.ensure_build(ws.tree, ws.build_dir, SMOKE_TARGETS, opts.cmake_args, opts.jobs,
+                               echo=False, rpc=opts.rpc)
+    except PortError as err:
+        log_path = ws.build_dir / build_mod.LOG_NAME
+        text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+        first = build_mod.first_error(text, ws.tree)
+        evidence = {"message": err.message.splitlines()[0], "log": str(log_path), "error": first,
+                    "file": first and first["file"], "line": first and first["line"]}
+        if first and first["file"] and first["line"]:
+            evidence["written_by"] = _blame(ws, first["file"], first["line"])
+            evidence["message"] = f"{first['file']}:{first['line']}: {first['message']}"
+        raise _Failed(evidence) from None
+    return {"targets": list(SMOKE_TARGETS)}
+
+
+def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:
+    from llamacpp_mla_port.proof.smoke import run_smoke
+    from llamacpp_mla_port.upstreaming.pr import proof_summary
+    work = opts.canary_dir / "proof"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    # the proof's progress lines go to its log: the terminal gets one line per stage
+    with open(work / "proof.log", "w") as progress, contextlib.redirect_stderr(progress):
+        report = run_smoke(ws.tree, ws.build_dir, work, no_build=True, server=opts.server,
+                           quick=opts.quick, threads=opts.threads)
+    (work / "smoke.json").write_text(json.dumps(report, indent=2) + "\n")
+    figures = proof_summary(report)
+    figures["lossless_runs"] = _lossless_counts(report.get("lossless") or {})
+    figures["target_side"] = report.get("target_side")
+    where = {"figures": figures, "work": str(work), "smoke_report": str(work / "smoke.json")}
+    if opts.baseline is not None:
+        where["vs_baseline"] = compare_figures(json.loads(Path(opts.baseline).read_text()), report)
+    if not report["ok"]:
+        checks = failing_checks(report)
+        raise _Failed({"message": checks[0]["message"], "checks": checks, **where})
+    return where
+
+
+def _printed(smoke: dict) -> dict[str, str]:
+    """The figures of a smoke report as printed (3 significant digits), by name."""
+    out = {}
+    for cfg, entry in (smoke.get("parity") or {}).items():
+        for mode, m in entry["modes"].items():
+            out[f"parity {cfg} {mode} worst NMSE"] = f"{m['worst_nmse']:.3g}"
+        for key in ("draft_kv_bytes_per_token_f32", "draft_kv_bytes_per_token_f16"):
+            if key in entry:
+                out[f"{cfg} {key}"] = str(entry[key])
+    for run in (smoke.get("lossless") or {}).get("speculative_simple", []) + \
+            (smoke.get("lossless") or {}).get("server", []):
+        name = (f"lossless {'server' if 'parallel' in run else 'simple'} {run['draft']} k={run['draft_max']} "
+                f"fa={run['flash_attn']} p_min={run['p_min']}")
+        out[name] = f"{run['identical']}/{run['of']} identical, drafted {run['drafted']}, accepted {run['accepted']}"
+    for name, v in (smoke.get("target_side") or {}).items():
+        out[f"target {name} worst NMSE vs prefix stream"] = f"{v['worst_nmse_vs_prefix_stream']:.3g}"
+    return out
+
+
+def compare_figures(baseline: dict, smoke: dict) -> dict:
+    """Which printed figures of `smoke` differ from `baseline` (e.g. the pin's own proof)."""
+    old, new = _printed(baseline), _printed(smoke)
+    diff = [{"figure": k, "baseline": old.get(k), "canary": new.get(k)}
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return {"equal": not diff, "compared": len(set(old) & set(new)), "differences": diff}
+
+
+def failing_checks(smoke: dict) -> list[dict]:
+    """The checks a smoke report failed, most specific first: a parity case over its
+    threshold (config, mode, NMSE, threshold), the lossless mismatches, then the stages."""
+    checks = []
+    for cfg, entry in (smoke.get("parity") or {}).items():
+        for mode, m in entry["modes"].items():
+            if not m["pass"]:
+                checks.append({"check": "parity", "config": cfg, "mode": mode,
+                               "worst_nmse": m["worst_nmse"], "threshold": m["threshold"],
+                               "chains_equal": m["chains_equal"],
+                               "message": f"parity {cfg} {mode}: NMSE {m['worst_nmse']:.3g} over "
+                                          f"the threshold {m['threshold']:.0e}"})
+    lossless = smoke.get("lossless") or {}
+    if lossless.get("n_mismatches"):
+        checks.append({"check": "lossless", "mismatches": lossless.get("mismatches", [])[:5],
+                       "message": f"lossless: {lossless['n_mismatches']} outputs differ from the "
+                                  f"target alone, first: {lossless.get('mismatches', ['?'])[0]}"})
+    for name, stage in smoke.get("stages", {}).items():
+        if not stage.get("ok"):
+            checks.append({"check": name, "error": stage.get("error", ""),
+                           "message": f"{name}: {stage.get('error', 'failed')}"})
+    return checks or [{"check": "smoke", "message": "the proof failed without naming a check"}]
+
+
+# ------------------------------------------------------------------------------ helpers
+def _manifest(patches_dir: Path) -> list[dict]:
+    return json.loads((patches_dir / series_mod.MANIFEST).read_text())["patches"]
+
+
+def _blame(ws: Workspace, file: str, line: int) -> dict | None:
+    """Which commit wrote `file:line` in the canary tree: a patch of the series, or upstream."""
+    try:
+        out = gitutil.run(ws.tree, "blame", "--porcelain", "-L", f"{line},{line}", "HEAD", "--", file)
+    except git.GitCommandError:
+        return None
+    sha = out.split(" ", 1)[0]
+    summary = next((ln[len("summary "):] for ln in out.splitlines() if ln.startswith("summary ")), "")
+    text = next((ln[1:] for ln in out.splitlines() if ln.startswith("\t")), "")
+    base = ws.state().get("base")
+    if sha == base:
+        return {"by": "upstream", "commit": sha, "text": text}
+    return {"by": "series", "commit": sha, "subject": summary, "text": text}
+
+
+def _lossless_counts(lossless: dict) -> dict:
+    runs = lossless.get("speculative_simple", []) + lossless.get("server", [])
+    return {"runs": len(runs), "identical": sum(1 for r in runs if r["identical"] == r["of"]),
+            "mismatches": lossless.get("n_mismatches")}
+
+
+# ------------------------------------------------------------------------------ text
+def stage_line(name: str, entry: dict) -> str:
+    """One line per stage, for the terminal (`make canary`)."""
+    secs = f"{entry.get('seconds', 0):7.1f} s"
+    if entry.get("ok") is None:
+        return f"  {name:<7} --      {'':>9}  skipped: {entry.get('skipped', '')}"
+    if not entry["ok"]:
+        return f"  {name:<7} FAILED  {secs}  {entry.get('message', '')}"
+    if name == "obtain":
+        what = f"{entry['label']} ({entry['source']}, tree {entry['tree'][:12]}"
+        what += f", build {entry['build']}" if entry.get("build") is not None else ""
+        what += f", sha256 {entry['sha256'][:16]}..." if entry.get("sha256") else ""
+        what += ")"
+    elif name == "anchor":
+        what = f"{entry['found']}/{entry['changes']} changes found ({entry['moved']} moved)"
+    elif name == "apply":
+        what = f"{entry['patches']} patches applied with git am -3"
+    elif name == "build":
+        what = f"built {' '.join(entry['targets'])}"
+    else:
+        f = entry["figures"]
+        worst = {m: max((v.get(m) or 0.0) for v in f["parity_worst_nmse"].values())
+                 for m in next(iter(f["parity_worst_nmse"].values()), {})}
+        runs = f["lossless_runs"]
+        what = ("parity worst NMSE " + ", ".join(f"{m} {v:.3g}" for m, v in worst.items())
+                + f"; lossless {runs['identical']}/{runs['runs']} runs identical; target taps == prefix stream")
+        vs = entry.get("vs_baseline")
+        if vs is not None:
+            what += ("; all printed figures equal the baseline's" if vs["equal"] else
+                     f"; {len(vs['differences'])} printed figures differ from the baseline's")
+    return f"  {name:<7} ok      {secs}  {what}"

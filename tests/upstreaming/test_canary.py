@@ -1,0 +1,448 @@
+"""The full canary (`rebase --canary --prove`): each stage ends the run with its evidence on
+synthetic upstream drift (tests/helpers/upstream_drift.py), newer trees from PyPI sdists (served
+here by a local index), the build-log parser and the ccache base dir.
+
+What really builds here: the "build" case (the pinned tree with the real series and one
+changed file: with ccache and CCACHE_BASEDIR, a build that mostly hits the cache of the
+session's main build). The passing case (build + the whole proof, minutes) and the real
+newest upstream (`make canary`) are `slow`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from llamacpp_mla_port import build as build_mod, gitutil
+from llamacpp_mla_port.errors import ObtainError, PinError
+from llamacpp_mla_port.source import newer as newer_mod, obtain
+from llamacpp_mla_port.upstreaming import canary
+from tests.helpers.upstream_drift import GGUF, GRAPH, K_SET_INPUT, MASK, Project, make_world
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, pin, sdist_tarball):
+    yield from make_world(tmp_path_factory, pin, sdist_tarball)
+
+
+@pytest.fixture(scope="module")
+def demo(world, tmp_path_factory):
+    """The tests' two-commit series; the failing cases must leave it exactly as it is."""
+    return Project(world, tmp_path_factory.mktemp("demo"), world.base)
+
+
+def _untouched(project: Project, before: dict) -> None:
+    assert project.snapshot() == before, "the canary changed the pin, patches/ or work/"
+
+
+def _stages(report: dict) -> dict[str, bool | None]:
+    return {name: s["ok"] for name, s in report["stages"].items()}
+
+
+# ------------------------------------------------------------------------------ anchor
+def test_a_renamed_function_ends_at_anchor_with_the_anchor_and_candidates(world, demo, tmp_path, capsys):
+    new = world.commit("canary-renamed", {GRAPH: lambda t: t.replace(
+        "llm_graph_input_attn_k::set_input(", "llm_graph_input_attn_k::set_input_impl(")})
+    before = demo.snapshot()
+    rc, report, lines = demo.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up))
+    assert rc == 1 and not report["ok"] and report["stage"] == "anchor"
+    assert _stages(report) == {"obtain": True, "anchor": False, "apply": None, "build": None,
+                               "proof": None}
+    fail = report["failure"]
+    assert fail["file"] == GRAPH and fail["anchor"] == K_SET_INPUT
+    assert fail["status"] == "within-missing" and fail["patch"].startswith("0002-")
+    assert any("set_input_impl(" in c for c in fail["candidates"])
+    assert all(isinstance(s.get("seconds"), float) for s in report["stages"].values() if s["ok"] is not None)
+    assert re.search(r"anchor +FAILED .*within not found in src/llama-graph.cpp", lines), lines
+    assert re.search(r"apply +-- .*skipped", lines)
+    assert not (tmp_path / "canary" / "llama.cpp").exists()      # nothing applied, nothing built
+    _untouched(demo, before)
+
+
+# ------------------------------------------------------------------------------ apply
+def _crlf_blank_line_above_the_mask(text: str) -> str:
+    """Upstream saved one line next to our hunk with CRLF: `git am` strips the CR from the
+    mail (as it does for every maintainer applying the series), so the context no longer
+    matches, while the anchors (other lines) still do."""
+    i = text.index(MASK, text.index(K_SET_INPUT))
+    assert text[i - 2:i] == "\n\n"
+    return text[:i - 1] + "\r\n" + text[i:]
+
+
+def test_a_hunk_that_does_not_apply_ends_at_apply_with_the_rejected_hunk(world, demo, tmp_path, capsys):
+    new = world.commit("canary-crlf", {GRAPH: _crlf_blank_line_above_the_mask})
+    before = demo.snapshot()
+    rc, report, lines = demo.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up))
+    assert rc == 1 and report["stage"] == "apply", json.dumps(report["stages"], indent=1)
+    assert _stages(report)["anchor"] is True and _stages(report)["build"] is None
+    fail = report["failure"]
+    assert fail["patch"].startswith("0002-graph-guard-the-K-only-mask")
+    assert fail["file"] == GRAPH
+    base_line = world.read(new, GRAPH)[:world.read(new, GRAPH).index(K_SET_INPUT)].count("\n") + 1
+    assert fail["line"] == base_line                       # the hunk starts at the function
+    assert "+    if (self_kq_mask) {" in fail["hunk"] and "-" + MASK.rstrip("\n") in fail["hunk"]
+    assert "patch failed: src/llama-graph.cpp" in fail["output"]
+    assert re.search(rf"apply +FAILED .*rejected 0002-.* at {GRAPH}:{base_line}", lines), lines
+    # the canary's tree is back on the new base, the project is untouched
+    tree = tmp_path / "canary" / "llama.cpp"
+    assert gitutil.run(tree, "rev-parse", "HEAD") == gitutil.run(tree, "rev-parse", "mla-port-base")
+    assert gitutil.run(tree, "status", "--porcelain") == ""
+    _untouched(demo, before)
+
+
+# ------------------------------------------------------------------------------ build
+def _ccache_on() -> bool:
+    if shutil.which("ccache") is None:
+        return False
+    # ccache switched off (CCACHE_DISABLE, or disable = true in its config): it counts nothing
+    disabled = subprocess.run(["ccache", "--get-config", "disable"], capture_output=True, text=True).stdout
+    return disabled.strip() != "true"
+
+
+def _ccache_log(path: Path) -> dict[str, str]:
+    """hit or miss per compiled source, from ccache's stats log (this run's compiles only)."""
+    results: dict[str, str] = {}
+    source = None
+    for line in (path.read_text().splitlines() if path.is_file() else []):
+        if line.startswith("# "):
+            source = line[2:]
+        elif source and line in ("direct_cache_hit", "preprocessed_cache_hit"):
+            results[source] = "hit"
+        elif source and line == "cache_miss":
+            results.setdefault(source, "miss")
+    return results
+
+
+@pytest.mark.build
+def test_a_hunk_that_does_not_compile_ends_at_build_with_the_compiler_file_and_line(
+        world, tmp_path, capsys, llama_build):
+    """Upstream renamed a graph helper the MLA draft graph calls: the anchors are all there
+    and the series applies, the build fails in our hunk, and the report says where."""
+    helper = "build_dspark_markov_head"
+    p = Project(world, tmp_path / "project", world.base, real=True)
+    series_text = "".join(f.read_text() for f in (p.templates / "series").rglob("*.j2"))
+    assert f"{helper}(" in series_text, f"the series no longer calls {helper}: pick another helper"
+    new = world.commit("canary-helper-renamed", {"src/models/dflash.cpp": lambda t: t.replace(
+        f"{helper}(", f"{helper}_v2(")})
+    before = p.snapshot()
+    stats_log = tmp_path / "ccache-stats.log"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CCACHE_STATSLOG", str(stats_log))
+        rc, report, lines = p.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up))
+    assert rc == 1 and report["stage"] == "build", json.dumps(report["stages"], indent=1)[-3000:]
+    assert _stages(report) == {"obtain": True, "anchor": True, "apply": True, "build": False, "proof": None}
+    fail = report["failure"]
+    assert fail["file"] == "src/models/dflash.cpp" and isinstance(fail["line"], int)
+    assert helper in fail["error"]["message"]
+    # that line is one our series wrote (git blame in the canary tree), calling the old name
+    applied = (tmp_path / "canary" / "llama.cpp" / fail["file"]).read_text().splitlines()
+    assert f"{helper}(" in applied[fail["line"] - 1]
+    assert fail["written_by"]["by"] == "series"
+    assert fail["written_by"]["subject"].startswith("model : ")
+    assert re.search(rf"build +FAILED .*src/models/dflash.cpp:{fail['line']}: .*{helper}", lines), lines
+    _untouched(p, before)
+    if _ccache_on():
+        # CCACHE_BASEDIR: the canary's compiles (another dir: without it, none would hit) hit
+        # the main build's entries; only unity chunks may miss: src's with CMake < 4.0 (absolute
+        # paths inside them), and the one the drift changed. Counted from this run's own log
+        compiles = _ccache_log(stats_log)
+        missed = sorted(f for f, r in compiles.items() if r == "miss")
+        print(f"canary build: ccache {len(compiles) - len(missed)} hits, {len(missed)} misses")
+        assert len(compiles) > len(missed), compiles
+        assert [f for f in missed if "/Unity/unity_" not in f] == [], missed
+    else:
+        print("canary build: ccache is off here, its cache sharing was not checked")
+
+
+# ------------------------------------------------------------------------------ ok
+@pytest.mark.slow
+def test_a_tree_that_builds_and_proves_ends_ok(world, tmp_path, capsys):
+    new = world.commit("canary-harmless", {"docs/speculative.md": lambda t: "<!-- moved on -->\n\n" + t})
+    p = Project(world, tmp_path / "project", world.base, real=True)
+    before = p.snapshot()
+    rc, report, lines = p.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up))
+    assert rc == 0 and report["ok"] and report["stage"] == "ok", json.dumps(report["failure"], indent=1)
+    assert all(_stages(report).values())
+    figures = report["stages"]["proof"]["figures"]
+    assert figures["lossless_runs"]["identical"] == figures["lossless_runs"]["runs"] > 0
+    assert "proof    ok" in lines.replace("  ", " ") or re.search(r"proof +ok", lines)
+    _untouched(p, before)
+
+
+def test_a_failing_proof_names_its_check_first():
+    """The proof stage's evidence, from smoke reports shaped as run_smoke writes them (the
+    real proof runs in test_smoke; here only what the canary makes of its report)."""
+    def smoke(parity_pass=True, mismatches=(), stages_ok=True):
+        mode = {"worst_nmse": 3e-3 if not parity_pass else 1e-12, "threshold": 1e-9,
+                "chains_equal": parity_pass, "max_ctx_rows": 40, "pass": parity_pass}
+        return {"ok": False, "parity": {"h4": {"modes": {"f32": mode}}},
+                "lossless": {"n_mismatches": len(mismatches), "mismatches": list(mismatches)},
+                "stages": {"parity": {"ok": parity_pass}, "target": {"ok": stages_ok, "error": "taps differ"},
+                           "lossless": {"ok": not mismatches, "error": f"{len(mismatches)} outputs differ"}}}
+    first = canary.failing_checks(smoke(parity_pass=False))[0]
+    assert (first["check"], first["config"], first["mode"]) == ("parity", "h4", "f32")
+    assert "NMSE 0.003 over the threshold 1e-09" in first["message"]
+    lossless = canary.failing_checks(smoke(mismatches=["server bigram k=3: 'a' != 'b'"]))
+    assert lossless[0]["check"] == "lossless" and "'a' != 'b'" in lossless[0]["message"]
+    assert [c["check"] for c in canary.failing_checks(smoke(stages_ok=False))] == ["target"]
+
+
+def test_proof_figures_are_compared_as_printed():
+    def smoke(nmse, identical):
+        return {"parity": {"h4": {"modes": {"f32": {"worst_nmse": nmse}}, "draft_kv_bytes_per_token_f32": 2304}},
+                "lossless": {"speculative_simple": [{"draft": "bigram", "draft_max": 3, "flash_attn": False,
+                                                     "p_min": 0.0, "identical": identical, "of": 20,
+                                                     "drafted": 90, "accepted": 31}], "server": []},
+                "target_side": {"MK-block12": {"worst_nmse_vs_prefix_stream": 0.0}}}
+    same = canary.compare_figures(smoke(1.234e-13, 20), smoke(1.2341e-13, 20))
+    assert same == {"equal": True, "compared": 4, "differences": []}
+    other = canary.compare_figures(smoke(1.234e-13, 20), smoke(1.3e-13, 19))
+    assert not other["equal"] and [d["figure"] for d in other["differences"]] == [
+        "lossless simple bigram k=3 fa=False p_min=0.0", "parity h4 f32 worst NMSE"]
+    assert other["differences"][1] == {"figure": "parity h4 f32 worst NMSE", "baseline": "1.23e-13",
+                                       "canary": "1.3e-13"}
+
+
+# ------------------------------------------------------------------------------ the build log
+GCC_LOG = """\
+[12/80] Building CXX object src/CMakeFiles/llama.dir/Unity/unity_3_cxx.cxx.o
+FAILED: src/CMakeFiles/llama.dir/Unity/unity_3_cxx.cxx.o
+ccache /usr/bin/c++ -O3 -c src/CMakeFiles/llama.dir/Unity/unity_3_cxx.cxx
+In file included from /w/canary/build/src/CMakeFiles/llama.dir/Unity/unity_3_cxx.cxx:19:
+/w/canary/llama.cpp/src/models/dflash.cpp: In constructor 'graph_mla::graph_mla()':
+/w/canary/llama.cpp/src/models/dflash.cpp:1234:9: error: 'build_dspark_markov_head' was not declared in this scope
+ 1234 |         build_dspark_markov_head(*this, model, inp_tokens);
+      |         ^~~~~~~~~~~~~~~~~~~~~~~~
+/w/canary/llama.cpp/src/models/dflash.cpp:1300:1: error: a second one
+ninja: build stopped: subcommand failed.
+"""
+
+
+def test_first_error_names_file_line_and_message():
+    err = build_mod.first_error(GCC_LOG, Path("/w/canary/llama.cpp"))
+    assert err["kind"] == "compiler" and err["file"] == "src/models/dflash.cpp"
+    assert (err["line"], err["column"]) == (1234, 9)
+    assert err["message"] == "'build_dspark_markov_head' was not declared in this scope"
+    assert "^~~~" in "\n".join(err["context"])
+    relative = build_mod.first_error("../llama.cpp/ggml/src/x.c:7:3: fatal error: y.h: No such file\n")
+    assert relative["file"] == "../llama.cpp/ggml/src/x.c" and relative["line"] == 7
+    cmake = build_mod.first_error("-- ok\nCMake Error at CMakeLists.txt:12 (message):\n  boom\n")
+    assert cmake["kind"] == "cmake" and (cmake["file"], cmake["line"]) == ("CMakeLists.txt", 12)
+    link = build_mod.first_error("/usr/bin/ld: a.o: in function `f':\nx.cpp:(.text+0x1): undefined "
+                                 "reference to `g'\ncollect2: error: ld returned 1 exit status\n")
+    assert link["kind"] == "linker" and "undefined reference to `g'" in link["message"]
+    assert build_mod.first_error("[1/2] Building\n[2/2] Linking\n") is None
+
+
+def test_ccache_base_dir_is_the_common_parent_unless_the_user_set_it(tmp_path, monkeypatch):
+    if shutil.which("ccache") is None:
+        pytest.skip("ccache is not installed: no CCACHE_BASEDIR to set")
+    monkeypatch.delenv("CCACHE_BASEDIR", raising=False)
+    env = build_mod.ccache_env(tmp_path / "x" / "llama.cpp", tmp_path / "x" / "build")
+    assert env["CCACHE_BASEDIR"] == str((tmp_path / "x").resolve())
+    monkeypatch.setenv("CCACHE_BASEDIR", "/mine")
+    assert build_mod.ccache_env(tmp_path / "x" / "llama.cpp", tmp_path / "x" / "build") is None
+
+
+# ------------------------------------------------------------------------------ newer trees
+def _tarball(files: dict[str, str], top: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _llama_files(prefix: str, cmake: str = 'message(FATAL_ERROR "a fixture, not llama.cpp")\n') -> dict[str, str]:
+    files = {f: f"// {f}\n" for f in obtain.LLAMA_TREE_FILES}
+    files["CMakeLists.txt"] = "cmake_minimum_required(VERSION 3.14)\nproject(fixture)\n" + cmake
+    return {f"{prefix}{k}": v for k, v in files.items()}
+
+
+class _Index:
+    """A PyPI-like JSON API on 127.0.0.1 (relative file URLs, as some mirrors give them)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        handler = type("H", (http.server.SimpleHTTPRequestHandler,),
+                       {"log_message": lambda *a: None,
+                        "__init__": lambda s, *a, **k: http.server.SimpleHTTPRequestHandler.__init__(
+                            s, *a, directory=str(root), **k)})
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/pypi"
+
+    def publish(self, package: str, version: str, data: bytes, sha256: str | None = None) -> dict:
+        filename = f"{package.replace('-', '_')}-{version}.tar.gz"
+        (self.root / "files").mkdir(parents=True, exist_ok=True)
+        (self.root / "files" / filename).write_bytes(data)
+        doc_path = self.root / "pypi" / package / "json"
+        doc = json.loads(doc_path.read_text()) if doc_path.is_file() else {"releases": {}}
+        entry = {"filename": filename, "packagetype": "sdist", "size": len(data),
+                 "url": f"../../files/{filename}",
+                 "digests": {"sha256": sha256 or hashlib.sha256(data).hexdigest()}}
+        doc["releases"][version] = [entry]
+        doc_path.parent.mkdir(parents=True, exist_ok=True)
+        doc_path.write_text(json.dumps(doc))
+        return entry
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.fixture()
+def index(tmp_path, monkeypatch):
+    idx = _Index(tmp_path / "index")
+    monkeypatch.setenv("LLAMACPP_MLA_PORT_PYPI", idx.url)
+    yield idx
+    idx.close()
+
+
+def _table(templates: Path, rows: list[dict], rules: str = "") -> None:
+    templates.mkdir(parents=True, exist_ok=True)
+    text = rules
+    for r in rows:
+        text += "\n[[tree]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in r.items())
+    (templates / newer_mod.FILE).write_text(text)
+
+
+@pytest.fixture()
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+RULES = '[packages.llama-cpp-fixture]\nsubdir = "llama.cpp"\nbuild_number = "version-major"\n'
+
+
+def test_an_sdist_tree_is_downloaded_checked_imported_and_cached(index, tmp_path, fresh_cache):
+    data = _tarball({**_llama_files("llama.cpp/"), "PKG-INFO": "Name: llama-cpp-fixture\nVersion: 20001.0.0\n\nbody\n",
+                     "setup.py": "raise SystemExit('never run')\n"}, "llama_cpp_fixture-20001.0.0")
+    entry = index.publish("llama-cpp-fixture", "20001.0.0", data)
+    templates = tmp_path / "templates"
+    _table(templates, [], RULES)
+    # not recorded: found on PyPI, its sha256 as PyPI lists it, its build by the package's rule
+    newer = newer_mod.resolve("llama-cpp-fixture==20001.0.0", templates)
+    assert (newer.tag, newer.build, newer.recorded) == ("b20001", 20001, False)
+    assert newer.sdist.sha256 == entry["digests"]["sha256"]
+    got = obtain.import_newer_tree(newer.sdist, newer.tag, newer.build, log=lambda *_: None)
+    assert got.subdir == "llama.cpp" and got.pkg_version == "20001.0.0"
+    assert gitutil.run(obtain.cache_repo(), "ls-tree", "--name-only", got.base.sha, "include/") == "include/llama.h"
+    assert "Upstream-Build: 20001" in gitutil.run(obtain.cache_repo(), "log", "-1", "--format=%B", got.base.sha)
+    # recorded: the row's tree id is checked; the second run is offline (the index is gone)
+    _table(templates, [{"tag": "b20001", "build": 20001, "package": "llama-cpp-fixture", "version": "20001.0.0",
+                        "filename": entry["filename"], "sha256": entry["digests"]["sha256"], "size": len(data),
+                        "subdir": "llama.cpp", "tree": got.base.tree}], RULES)
+    assert newer_mod.newest(templates).recorded and newer_mod.resolve("b20001", templates).build == 20001
+    index.close()
+    again = obtain.import_newer_tree(newer_mod.newest(templates).sdist, "b20001", 20001)
+    assert again.base == got.base and again.subdir == "llama.cpp"
+
+
+def test_a_bad_download_is_refused_and_removed(index, tmp_path, fresh_cache):
+    data = _tarball(_llama_files("llama.cpp/"), "llama_cpp_fixture-20002.0.0")
+    entry = index.publish("llama-cpp-fixture", "20002.0.0", data)
+    templates = tmp_path / "templates"
+    wrong = "0" * 64
+    _table(templates, [{"tag": "b20002", "build": 20002, "package": "llama-cpp-fixture", "version": "20002.0.0",
+                        "filename": entry["filename"], "sha256": wrong, "size": len(data),
+                        "subdir": "llama.cpp", "tree": "1" * 40}], RULES)
+    sd = newer_mod.newest(templates).sdist
+    with pytest.raises(ObtainError, match="PyPI lists sha256"):
+        obtain.import_newer_tree(sd, "b20002", 20002)
+    # the index itself lies (serves other bytes than it lists): caught after the download
+    index.publish("llama-cpp-fixture", "20002.0.0", data + b"tampered", sha256=wrong)
+    with pytest.raises(ObtainError, match="sha256 mismatch") as exc:
+        obtain.import_newer_tree(sd, "b20002", 20002)
+    assert "removed" in str(exc.value)
+    assert not list((Path(os.environ["LLAMACPP_MLA_PORT_CACHE"]) / "sdist").glob("*.tar.gz"))
+
+
+def test_an_archive_without_a_llama_tree_is_refused(index, tmp_path, fresh_cache):
+    files = _llama_files("src/llama.cpp/")
+    files.pop("src/llama.cpp/include/llama.h")
+    index.publish("not-llama", "1.0", _tarball(files, "not_llama-1.0"))
+    newer = newer_mod.resolve("not-llama==1.0", tmp_path)
+    with pytest.raises(ObtainError, match="holds 0 llama.cpp trees"):
+        obtain.import_newer_tree(newer.sdist, newer.tag, newer.build)
+    # the table's rule must agree with the row it describes
+    _table(tmp_path / "t", [{"tag": "b1", "build": 2, "package": "llama-cpp-fixture", "version": "1.0.0",
+                             "filename": "f.tar.gz", "sha256": "a" * 64, "size": 1, "subdir": "llama.cpp",
+                             "tree": "b" * 40}], RULES)
+    with pytest.raises(PinError, match="is build 1 by the package's rule"):
+        newer_mod.load(tmp_path / "t")
+
+
+def test_canary_onto_an_sdist_spec_reports_source_sha_and_build(index, demo, tmp_path, capsys):
+    """A NAME==VERSION canary: obtain names the sdist, its sha256 (from PyPI: not recorded,
+    with the row to record it) and the build number; this fixture tree has none of the
+    series' files, so the anchors fail there."""
+    data = _tarball({**_llama_files("llama.cpp/"), "PKG-INFO": "Version: 20003.0.0\n"},
+                    "llama_cpp_fixture-20003.0.0")
+    index.publish("llama-cpp-fixture", "20003.0.0", data)
+    _table(demo.templates, [], RULES)
+    try:
+        before = demo.snapshot()
+        rc, report, lines = demo.canary(capsys, tmp_path / "canary", "--onto", "llama-cpp-fixture==20003.0.0")
+    finally:
+        (demo.templates / newer_mod.FILE).unlink()
+    assert rc == 1 and report["stage"] == "anchor"
+    onto = report["onto"]
+    assert onto["build"] == 20003 and onto["tag"] == "b20003" and onto["source"] == "pypi"
+    assert onto["origin"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert "not recorded" in onto["origin"]["sha256_from"] and "[[tree]]" in onto["origin"]["record_with"]
+    assert report["failure"]["outcome"] == "conflict" and report["failure"]["file"] == GGUF
+    assert re.search(r"obtain +ok .*b20003 .*build 20003", lines), lines
+    _untouched(demo, before)
+
+
+def test_the_project_knows_a_newer_upstream_than_its_pin():
+    newest = newer_mod.newest(REPO / "templates")
+    assert newest.recorded and newest.build > int(
+        (REPO / "templates" / "pin.toml").read_text().split('tag = "b', 1)[1].split('"', 1)[0])
+
+
+# ------------------------------------------------------------------------------ make canary
+@pytest.mark.slow
+def test_make_canary_on_the_newest_known_upstream(tmp_path):
+    proc = subprocess.run(["make", "-s", "canary", f"CANARY_DIR={tmp_path / 'canary'}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=3600)
+    print(proc.stdout)
+    report = json.loads((tmp_path / "canary" / "canary.json").read_text())
+    assert proc.returncode == 0 and report["ok"], proc.stdout + proc.stderr[-3000:]
+    for stage in ("obtain", "anchor", "apply", "build", "proof"):
+        assert re.search(rf"^  {stage} +ok ", proc.stdout, re.M), stage
+    assert report["stages"]["anchor"]["found"] == report["stages"]["anchor"]["changes"]
+    figures = report["stages"]["proof"]["figures"]
+    assert figures["lossless_runs"]["identical"] == figures["lossless_runs"]["runs"] == 28
+
+
+def test_a_relative_canary_dir_names_one_place(tmp_path, monkeypatch):
+    """`make canary` passes --canary-dir work-canary: git runs inside the canary tree, so the
+    options hold it (and the patches under it) absolute."""
+    from llamacpp_mla_port.upstreaming.canary import CanaryOptions
+
+    monkeypatch.chdir(tmp_path)
+    opts = CanaryOptions(onto="newest", canary_dir=Path("work-canary"),
+                         templates_dir=Path("t"), patches_dir=Path("p"))
+    assert opts.canary_dir == tmp_path / "work-canary"
+    assert opts.templates_dir == tmp_path / "t" and opts.patches_dir == tmp_path / "p"

@@ -1,0 +1,247 @@
+"""`pr` (make pr): per-commit checks, the tree's lint and whitespace rules, the evidence.
+
+The expensive part (a CMake build per commit) is replaced by a fake build step that
+records what it saw; lint, whitespace, the commit loop and the evidence folder are real.
+The rules come from the base tree's own .flake8, .editorconfig, .ecrc and PR template.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG
+from llamacpp_mla_port.errors import BuildError, SeriesError
+from llamacpp_mla_port.source import obtain
+from llamacpp_mla_port.upstreaming.lint import EditorConfig, flake8_findings, whitespace_findings
+from llamacpp_mla_port.upstreaming.pr import PrOptions, check_commits, checklist, make_pr
+from tests.helpers.upstream_drift import GRAPH, Project, make_world
+
+IDENT = gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z")
+
+
+@pytest.fixture(scope="module")
+def base_files(pin, sdist_tarball) -> dict[str, str]:
+    """The base tree's own rule files."""
+    base = obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
+    repo = obtain.cache_repo()
+    return {name: gitutil.read_blob(repo, base.sha, name).decode()
+            for name in (".editorconfig", ".ecrc", ".flake8", ".github/pull_request_template.md")}
+
+
+def _tree(tmp_path: Path, base_files: dict, files: dict[str, str | bytes]) -> Path:
+    tree = tmp_path / "tree"
+    for name, text in {**{k: v for k, v in base_files.items() if k.startswith(".") and
+                          "/" not in k}, **files}.items():
+        path = tree / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return tree
+
+
+# ------------------------------------------------------------------------------ whitespace
+def test_editorconfig_rules_of_the_tree(tmp_path, base_files):
+    tree = _tree(tmp_path, base_files, {
+        "src/good.cpp": "int f() {\n    return 1;\n}\n",
+        "src/bad.cpp": "int g() {  \n\treturn 2;\n}",               # trailing ws, tab, no EOL
+        "src/crlf.h": "#pragma once\r\n",
+        "Makefile": "all:\n\techo ok\n",                           # tabs are the rule there
+        "tools/server/deps_x.js": "a = 1;   \n",                    # trim_trailing unset
+        "models/templates/t.jinja": "{{ x }}   ",                   # everything unset
+        "vendor/stb/stb_image.h": "int  x;  \n",                    # .ecrc Exclude
+        "src/latin1.cpp": b"// caf\xe9\n",
+    })
+    config = EditorConfig.load(tree)
+    assert "IndentSize" in config.disabled
+    got = {(f.file, f.code, f.line) for f in whitespace_findings(tree, [
+        "src/good.cpp", "src/bad.cpp", "src/crlf.h", "Makefile", "tools/server/deps_x.js",
+        "models/templates/t.jinja", "vendor/stb/stb_image.h", "src/latin1.cpp"], config)}
+    assert got == {("src/bad.cpp", "TrimTrailingWhitespace", 1),
+                   ("src/bad.cpp", "Indentation", 2),
+                   ("src/bad.cpp", "InsertFinalNewline", 3),
+                   ("src/crlf.h", "EndOfLine", 1),
+                   ("src/latin1.cpp", "Charset", None)}
+
+
+def test_editorconfig_globs():
+    from llamacpp_mla_port.upstreaming.lint import _glob_regex
+    import re
+    assert re.fullmatch(_glob_regex("tools/ui/**"), "tools/ui/a/b.ts")
+    assert not re.fullmatch(_glob_regex("scripts/*.mk"), "scripts/sub/x.mk")
+    assert re.fullmatch(_glob_regex("*.{c,h}"), "x.h")
+    assert re.fullmatch(_glob_regex("deps_[a-z]*"), "deps_x.js")
+
+
+# ------------------------------------------------------------------------------ flake8
+def test_flake8_uses_the_trees_config(tmp_path, base_files):
+    long_line = "x = '" + "a" * 130 + "'\n"                          # E501 is ignored there
+    tree = _tree(tmp_path, base_files, {
+        "gguf-py/ok.py": "import os\n\nSEP = os.sep\n" + long_line,
+        "gguf-py/bad.py": "import os\nimport sys\n\nprint(sys.argv)\n",     # F401, NP100
+        "conversion/broken.py": "def f(:\n    pass\n",
+        "examples/ignored.py": "import os\n",                      # excluded by .flake8
+        "notes.txt": "not python\n",
+    })
+    got = {(f.file, f.code, f.line) for f in flake8_findings(tree, [
+        "gguf-py/ok.py", "gguf-py/bad.py", "conversion/broken.py", "examples/ignored.py",
+        "notes.txt"])}
+    assert ("gguf-py/bad.py", "F401", 1) in got
+    assert ("gguf-py/bad.py", "NP100", 4) in got          # upstream CI's flake8-no-print
+    assert any(f == "conversion/broken.py" and c == "E999" for f, c, _ in got)
+    assert not any(f in ("gguf-py/ok.py", "examples/ignored.py", "notes.txt") for f, _, _ in got)
+
+
+# ------------------------------------------------------------------------------ the commit loop
+def _repo_with_commits(tmp_path: Path, base_files: dict) -> tuple[Path, str, list[str]]:
+    repo = _tree(tmp_path, base_files, {"CMakeLists.txt": "project(x)\n", "marker": "base\n"})
+    gitutil.run(repo, "init", "-q", ".")
+    gitutil.run(repo, "add", "-A")
+    gitutil.run(repo, "commit", "-q", "-m", "base", env=IDENT)
+    base = gitutil.run(repo, "rev-parse", "HEAD")
+    shas = []
+    for n, files in enumerate([
+            {"src/a.cpp": "int a;\n", "gguf-py/a.py": "A = 1\n"},
+            {"src/b.cpp": "int b; \n", "BROKEN": "x\n"},            # whitespace + build failure
+            {"src/b.cpp": "int b;\n", "BROKEN": None}], 1):
+        for name, text in files.items():
+            if text is None:
+                gitutil.run(repo, "rm", "-q", name)
+                continue
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            (repo / name).write_text(text)
+        (repo / "marker").write_text(f"commit {n}\n")
+        gitutil.run(repo, "add", "-A")
+        gitutil.run(repo, "commit", "-q", "-m", f"x : commit {n}", env=IDENT)
+        shas.append(gitutil.run(repo, "rev-parse", "HEAD"))
+    return repo, base, shas
+
+
+def test_every_commit_is_built_and_linted_on_its_own(tmp_path, base_files):
+    repo, base, shas = _repo_with_commits(tmp_path, base_files)
+    seen = []
+
+    def fake_build(tree: Path, build_dir: Path, targets: list[str]):
+        seen.append(((tree / "marker").read_text().strip(), targets, build_dir))
+        build_dir.mkdir(exist_ok=True)
+        (build_dir / BUILD_LOG).write_text(       # what the compiler printed for this commit
+            f"{tree}/src/a.cpp:1:5: warning: unused variable 'a' [-Wunused-variable]\n"
+            f"{tree}/ggml/src/other.c:9:1: warning: not ours\n")
+        if (tree / "BROKEN").exists():
+            raise BuildError("build of x failed (exit 1); last lines:\nerror: broken")
+    checkout = tmp_path / "work" / "pr" / "llama.cpp"
+    results = check_commits(repo, base, shas[-1], checkout, tmp_path / "build-pr", ["t1"],
+                            fake_build, log=lambda *_: None)
+    assert [r.sha for r in results] == shas
+    assert [s[0] for s in seen] == ["commit 1", "commit 2", "commit 3"]   # in order, each alone
+    assert all(s[1] == ["t1"] and s[2] == tmp_path / "build-pr" for s in seen)
+    assert [r.build_ok for r in results] == [True, False, True]
+    assert "error: broken" in results[1].build_error
+    assert [(f.file, f.code) for f in results[1].findings] == [("src/b.cpp", "TrimTrailingWhitespace")]
+    assert results[0].ok and not results[1].ok and results[2].ok
+    assert results[0].files == ["gguf-py/a.py", "marker", "src/a.cpp"]
+    # warnings are kept for the files the commit touched only
+    assert len(results[0].warnings) == 1 and "unused variable 'a'" in results[0].warnings[0]
+    assert results[1].warnings == [] and results[0].ok
+    # the user's checkout was never touched; the worktree is reused on the next run
+    assert gitutil.run(repo, "rev-parse", "HEAD") == shas[-1]
+    assert gitutil.run(repo, "status", "--porcelain") == ""
+    again = check_commits(repo, base, shas[-1], checkout, tmp_path / "build-pr", ["t1"], None,
+                          log=lambda *_: None)
+    assert [r.build_ok for r in again] == [None, None, None] and len(seen) == 3
+
+
+# ------------------------------------------------------------------------------ checklist
+def test_checklist_mirrors_the_pr_template_and_leaves_disclosure_to_the_author(base_files):
+    template = base_files[".github/pull_request_template.md"]
+    text = checklist(template, {"patches_match": True, "builds": True, "flake8": True,
+                                "whitespace": False, "proof": True, "build_note": "3 commits"})
+    assert "### Overview" in text and "### Requirements" in text
+    assert "- [ ] I have read and agree with the [contributing guidelines]" in text
+    disclosure = next(line for line in text.splitlines() if "AI usage disclosure" in line)
+    assert disclosure.startswith("- [ ]") and "fill this in yourself" in disclosure
+    assert "<!--" not in text and "If you are an AI agent" not in text
+    assert "not a PR description" in text
+    assert "- [x] every commit builds on its own: 3 commits" in text
+    assert "- [ ] .editorconfig/.ecrc whitespace rules" in text
+
+
+# ------------------------------------------------------------------------------ make pr
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, pin, sdist_tarball):
+    yield from make_world(tmp_path_factory, pin, sdist_tarball)
+
+
+def _fake_smoke(tree, build_dir, extra, log):
+    return {"ok": True, "stages": {"build": {"ok": True}, "parity": {"ok": True}},
+            "parity": {"mla-tiny": {"modes": {"f32": {"worst_nmse": 1e-9}},
+                                    "draft_kv_bytes_per_token_f32": 576,
+                                    "draft_kv_bytes_per_token_f16": 288}},
+            "lossless": {"n_runs": 6, "n_mismatches": 0}, "extra": extra}
+
+
+def test_make_pr_writes_the_evidence_folder(world, tmp_path):
+    p = Project(world, tmp_path, world.base)
+    built = []
+    result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
+                               smoke_args=("--quick",)),
+                     build=lambda tree, bd, targets: built.append(
+                         gitutil.run(tree, "rev-parse", "HEAD")),
+                     smoke=_fake_smoke, log=lambda *_: None)
+    ev = p.work / "evidence"
+    assert result["ok"] and result["evidence"] == ev
+    head = gitutil.run(p.work / "llama.cpp", "rev-parse", "HEAD")
+    assert built == [gitutil.run(p.work / "llama.cpp", "rev-parse", "HEAD~1"), head]
+    assert sorted(x.name for x in (ev / "series").iterdir()) == sorted(
+        x.name for x in p.patches.iterdir())
+    up = json.loads((ev / "upstream.json").read_text())
+    assert up["commit"] == world.base and up["series_range"] == f"{world.base}..{head}"
+    summary = json.loads((ev / "summary.json").read_text())
+    assert summary["proof"]["kv_bytes_per_token"] == {
+        "mla-tiny": {"draft_kv_bytes_per_token_f32": 576, "draft_kv_bytes_per_token_f16": 288}}
+    assert summary["proof"]["parity_worst_nmse"] == {"mla-tiny": {"f32": 1e-9}}
+    assert summary["proof"]["lossless"] == {"n_runs": 6, "n_mismatches": 0}
+    assert [c["ok"] for c in summary["build"]["commits"]] == [True, True]
+    assert json.loads((ev / "proof.json").read_text())["extra"] == ["--quick"]
+    assert "AI usage disclosure" in (ev / "CHECKLIST.md").read_text()
+    # the tool's work tree is exactly as it was: the checks ran in their own worktree
+    assert gitutil.run(p.work / "llama.cpp", "status", "--porcelain") == ""
+    assert (p.work / "pr" / "llama.cpp" / GRAPH).is_file()
+
+
+def test_make_pr_reports_a_defect_of_one_commit(world, tmp_path):
+    p = Project(world, tmp_path, world.base)
+    mask = p.templates / "series" / "20-graph-demo" / "mask.cpp.j2"
+    mask.write_text(mask.read_text().replace("    }\n", "    } \n"))
+    from llamacpp_mla_port.series import pipeline
+    pipeline.patch(pipeline.Options(work_dir=p.work, patches_dir=p.patches,
+                                    templates_dir=p.templates), log=lambda *_: None)
+    result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
+                               skip_build=True, skip_smoke=True), smoke=None, log=lambda *_: None)
+    assert not result["ok"] and result["checks"]["whitespace"] is False
+    assert result["checks"]["builds"] is None and result["checks"]["proof"] is None
+    bad = [c for c in result["commits"] if not c["ok"]]
+    assert len(bad) == 1 and bad[0]["title"] == "graph : guard the K-only mask"
+    assert bad[0]["findings"][0]["file"] == GRAPH
+    assert bad[0]["findings"][0]["code"] == "TrimTrailingWhitespace"
+    checks = json.loads((p.work / "evidence" / "checks.json").read_text())
+    assert checks["ok"] is False and checks["build"]["skipped"] is True
+
+
+def test_make_pr_needs_the_applied_series(world, tmp_path):
+    p = Project(world, tmp_path, world.base)
+    gitutil.run(p.work / "llama.cpp", "checkout", "-q", "mla-port-base")
+    with pytest.raises(SeriesError, match="not applied"):
+        make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates),
+                build=lambda *a: None, smoke=_fake_smoke, log=lambda *_: None)
+    assert not (p.work / "evidence").exists()
+
+
+def test_pr_verb_has_help():
+    out = subprocess.run([sys.executable, "-m", "llamacpp_mla_port", "pr", "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "--skip-build" in out.stdout and "--evidence" in out.stdout

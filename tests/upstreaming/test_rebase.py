@@ -1,0 +1,250 @@
+"""`rebase --onto`: synthetic upstream drift built on the base tree, one commit per case
+(tests/helpers/upstream_drift.py builds it). Every failing case asserts that the pin, patches/
+and the tool's work tree are untouched.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.series import pipeline
+from llamacpp_mla_port.source.pin import load_pin
+from tests.helpers.upstream_drift import (ADDED_TENSORS, GGUF, GRAPH, GUARDED_MASK, K_SET_INPUT, MASK,
+                                          Q_A_NORM, Project, make_world)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, pin, sdist_tarball):
+    yield from make_world(tmp_path_factory, pin, sdist_tarball)
+
+
+@pytest.fixture(scope="module")
+def project(world, tmp_path_factory):
+    """Shared by the failing cases, which must leave it exactly as it is."""
+    p = Project(world, tmp_path_factory.mktemp("project"), world.base)
+    return p
+
+
+@pytest.fixture()
+def untouched(project):
+    before = project.snapshot()
+    yield project
+    assert project.snapshot() == before, "a failed rebase changed the pin, patches/ or work tree"
+
+
+def _shift(text: str, marker: str, lines: int) -> str:
+    i = text.index(marker)
+    block = "".join(f"    // upstream moved on ({n})\n" if marker.startswith("void") else
+                    f"# upstream moved on ({n})\n" for n in range(lines))
+    at = text.rindex("\n", 0, text.rindex("\n", 0, i)) + 1     # two lines above the marker
+    return text[:at] + block + text[at:]
+
+
+# ------------------------------------------------------------------------------ success
+def test_lines_shifted_above_anchors_rebase_moves_the_pin(world, tmp_path, capsys):
+    p = Project(world, tmp_path, world.base)
+    new = world.commit("shifted", {GGUF: lambda t: _shift(t, "    MODEL_ARCH.DFLASH: [\n", 7),
+                                   GRAPH: lambda t: _shift(t, K_SET_INPUT, 3)})
+    rc, out, err = p.rebase(capsys, "--onto", new, "--git-url", str(world.up))
+    assert rc == 0, out + err
+    # each anchor found again, at its new line
+
+    def anchor_line(rev: str) -> int:
+        t = world.read(rev, GGUF)
+        return t.count("\n", 0, t.index(Q_A_NORM, t.index("    MODEL_ARCH.DFLASH: ["))) + 1
+    assert anchor_line(new) == anchor_line(world.base) + 7
+    assert f"(line {anchor_line(new)}, was {anchor_line(world.base)})" in out, out
+    assert ", was " in out.split(GRAPH)[1].splitlines()[0]
+    assert f"pin moved to {new[:12]} ({new})" in out
+    # the pin: forward, sdist table dropped with a note saying why
+    pin = load_pin(p.templates / "pin.toml")
+    assert pin.commit == new and pin.sdist is None and pin.url == load_pin().url
+    text = (p.templates / "pin.toml").read_text()
+    assert "No [sdist]" in text and "vendors that commit, not this one" in text
+    # patches/ re-exported against the new base, and the work tree moved with it
+    manifest = json.loads((p.patches / "manifest.json").read_text())
+    assert manifest["base"]["commit"] == new and len(manifest["patches"]) == 2
+    tree = p.work / "llama.cpp"
+    assert gitutil.run(tree, "rev-parse", "HEAD~2") == new, out
+    assert gitutil.run(tree, "status", "--porcelain") == ""
+    assert "# upstream moved on (6)" in (tree / GGUF).read_text()
+    assert GUARDED_MASK in (tree / GRAPH).read_text()
+    # the range-diff between the two revisions of the series: both commits, unchanged
+    assert "git range-diff" in out
+    assert "1:" in out and "= 1:" in out and "2:" in out and "= 2:" in out
+    assert "gguf-py : list two more DFLASH tensors" in out
+    # and `check` agrees: patches/ equal a fresh render at the new pin
+    assert pipeline.check(pipeline.Options(work_dir=p.work, patches_dir=p.patches,
+                                           templates_dir=p.templates), log=lambda *_: None) == ""
+
+
+def test_canary_passes_and_writes_nothing(world, untouched, capsys):
+    new = world.commit("shifted-canary", {GRAPH: lambda t: _shift(t, K_SET_INPUT, 2)})
+    rc, out, _ = untouched.rebase(capsys, "--onto", new, "--git-url", str(world.up), "--canary")
+    report = json.loads(out)
+    assert rc == 0 and report["ok"] and report["status"] == "canary-ok"
+    assert report["first_failure"] is None and report["relation"] == "descendant"
+    assert [c["status"] for c in report["changes"]] == ["ok", "ok"]
+
+
+def test_unrelated_history_is_refused_unless_forced(world, tmp_path, untouched, capsys):
+    orphan = world.commit("orphan", {GRAPH: lambda t: t + "// elsewhere\n"}, orphan=True)
+    rc, _, err = untouched.rebase(capsys, "--onto", orphan, "--git-url", str(world.up))
+    assert rc == 2
+    assert "does not descend from the pinned" in err and "unrelated history" in err
+    assert "--force" in err
+    # forced, on a project of its own: it renders, and the pin names the orphan
+    p = Project(world, tmp_path, world.base, work_tree=False)
+    rc, out, err = p.rebase(capsys, "--onto", orphan, "--git-url", str(world.up), "--force")
+    assert rc == 0, out + err
+    assert load_pin(p.templates / "pin.toml").commit == orphan
+    assert json.loads((p.patches / "manifest.json").read_text())["base"]["commit"] == orphan
+
+
+# ------------------------------------------------------------------------------ refusals
+def test_older_commit_is_refused(world, tmp_path, capsys):
+    newer = world.commit("newer", {GRAPH: lambda t: _shift(t, K_SET_INPUT, 1)})
+    p = Project(world, tmp_path, newer)
+    before = p.snapshot()
+    rc, _, err = p.rebase(capsys, "--onto", world.base, "--git-url", str(world.up))
+    assert rc == 2 and "is OLDER than the pinned" in err and "forward only" in err
+    assert "Traceback" not in err
+    assert p.snapshot() == before
+
+
+def test_same_commit_is_a_no_op(world, untouched, capsys):
+    rc, out, _ = untouched.rebase(capsys, "--onto", "main", "--git-url", str(world.up))
+    assert rc == 0 and "already at that commit" in out
+
+
+def test_dirty_work_tree_is_refused_before_anything(world, tmp_path, capsys):
+    p = Project(world, tmp_path, world.base)
+    new = world.commit("shifted-dirty", {GRAPH: lambda t: _shift(t, K_SET_INPUT, 2)})
+    mine = p.work / "llama.cpp" / "my-notes.txt"
+    mine.write_text("mine\n")
+    before = p.snapshot()
+    rc, _, err = p.rebase(capsys, "--onto", new, "--git-url", str(world.up))
+    assert rc == 2 and "my-notes.txt" in err and "did not make" in err
+    assert p.snapshot() == before and mine.read_text() == "mine\n"
+
+
+# ------------------------------------------------------------------------------ conflicts
+def test_renamed_function_fails_naming_file_anchor_and_candidates(world, untouched, capsys):
+    new = world.commit("renamed", {GRAPH: lambda t: t.replace(
+        "llm_graph_input_attn_k::set_input(", "llm_graph_input_attn_k::set_input_impl(")})
+    rc, out, _ = untouched.rebase(capsys, "--onto", new, "--git-url", str(world.up))
+    assert rc == 1
+    line = next(ln for ln in out.splitlines() if "FAILED" in ln)
+    assert GRAPH in line and "within-missing" in line
+    assert "void llm_graph_input_attn_k::set_input(const llama_ubatch * ubatch) {" in line
+    assert "closest candidate lines:" in line and "set_input_impl(" in line
+    assert "nothing was written" in out
+    # the canary says the same, as JSON, first failure first
+    rc, out, _ = untouched.rebase(capsys, "--onto", new, "--git-url", str(world.up), "--canary")
+    report = json.loads(out)
+    first = report["first_failure"]
+    assert rc == 1 and not report["ok"] and report["status"] == "conflict"
+    assert first["commit"] == "20-graph-demo" and first["file"] == GRAPH
+    assert first["patch"] == "0002-graph-guard-the-K-only-mask.patch"
+    assert first["anchor"] == K_SET_INPUT and first["status"] == "within-missing"
+    assert any("set_input_impl(" in c for c in first["candidates"])
+    assert report["changes"][0]["status"] == "ok"
+
+
+def test_deleted_anchor_fails(world, untouched, capsys):
+    def delete(text: str) -> str:
+        i = text.index("    MODEL_ARCH.DFLASH: [\n")
+        j = text.index(Q_A_NORM, i)
+        return text[:j] + text[j + len(Q_A_NORM):]
+    new = world.commit("deleted", {GGUF: delete})
+    rc, out, _ = untouched.rebase(capsys, "--onto", new, "--git-url", str(world.up), "--json")
+    report = json.loads(out)
+    assert rc == 1 and report["status"] == "conflict"
+    (fail,) = report["failures"]
+    assert fail["file"] == GGUF and fail["status"] == "anchor-missing"
+    assert fail["anchor"] == Q_A_NORM and fail["commit"] == "10-gguf-py-demo"
+    assert fail["candidates"] and all("ATTN_Q_A" in c for c in fail["candidates"])
+    assert "anchor not found in gguf-py/gguf/constants.py" in fail["message"]
+
+
+def test_ambiguous_anchor_fails_with_its_lines(world, untouched, capsys):
+    def twice(t: str) -> str:
+        j = t.index(MASK, t.index(K_SET_INPUT))
+        return t[:j] + MASK + t[j:]
+    new = world.commit("ambiguous", {GRAPH: twice})
+    rc, out, _ = untouched.rebase(capsys, "--onto", new, "--git-url", str(world.up), "--canary")
+    first = json.loads(out)["first_failure"]
+    assert rc == 1 and first["status"] == "anchor-ambiguous" and first["file"] == GRAPH
+    assert len(first["candidates"]) == 2 and all("set_input_kq_mask" in c for c in first["candidates"])
+
+
+# ------------------------------------------------------------------------------ merged upstream
+def test_change_already_applied_upstream_is_reported_as_merged(world, untouched, capsys):
+    new = world.commit("merged-10", {GGUF: _insert_in_dflash})
+    rc, out, _ = untouched.rebase(capsys, "--onto", new, "--git-url", str(world.up))
+    assert rc == 1
+    merged = [ln for ln in out.splitlines() if "MERGED" in ln]
+    assert len(merged) == 1 and GGUF in merged[0] and "merged-upstream" in merged[0]
+    assert "already present upstream at the anchor" in merged[0]
+    assert "already upstream; drop them" in out and "10-gguf-py-demo" in out
+    rc, out, _ = untouched.rebase(capsys, "--onto", new, "--git-url", str(world.up), "--canary")
+    report = json.loads(out)
+    assert rc == 1 and report["status"] == "merged-upstream"
+    assert [c["commit"] for c in report["merged_upstream"]] == ["10-gguf-py-demo"]
+    assert report["first_failure"]["status"] == "merged-upstream"
+
+
+def test_replace_merged_upstream_is_not_applied_twice(world, untouched, capsys):
+    """Upstream guarded the mask itself: the old anchor still matches (inside the guard),
+    so a blind render would nest a second guard; the count of the text tells it apart."""
+    def guard(t: str) -> str:
+        i = t.index(K_SET_INPUT)
+        j = t.index(MASK, i)
+        return t[:j] + GUARDED_MASK + t[j + len(MASK):]
+    new = world.commit("merged-20", {GRAPH: guard})
+    rc, out, _ = untouched.rebase(capsys, "--onto", new, "--git-url", str(world.up), "--canary")
+    report = json.loads(out)
+    assert rc == 1 and report["status"] == "merged-upstream"
+    (m,) = report["merged_upstream"]
+    assert m["commit"] == "20-graph-demo" and m["file"] == GRAPH
+
+
+def _insert_in_dflash(text: str) -> str:
+    i = text.index("    MODEL_ARCH.DFLASH: [\n")
+    j = text.index(Q_A_NORM, i) + len(Q_A_NORM)
+    return text[:j] + ADDED_TENSORS + text[j:]
+
+
+# ------------------------------------------------------------------------------ plain trees
+def test_plain_tree_canary_only(world, untouched, tmp_path, capsys):
+    new = world.commit("tree-renamed", {GRAPH: lambda t: t.replace(
+        "llm_graph_input_attn_k::set_input(", "llm_graph_input_attn_k::set_input_impl(")})
+    tree = tmp_path / "llama.cpp-src"
+    tree.mkdir()
+    gitutil.run(world.up, "--work-tree", str(tree), "checkout", new, "--", ".",
+                env={"GIT_INDEX_FILE": str(tmp_path / "idx")})
+    assert (tree / "CMakeLists.txt").is_file() and not (tree / ".git").exists()
+    rc, out, _ = untouched.rebase(capsys, "--onto", str(tree), "--canary")
+    report = json.loads(out)
+    assert rc == 1 and report["onto"]["source"] == "tree" and report["onto"]["commit"] is None
+    assert report["first_failure"]["file"] == GRAPH
+    rc, _, err = untouched.rebase(capsys, "--onto", str(tree))
+    assert rc == 2 and "plain tree" in err and "--canary" in err
+
+
+def test_unknown_commit_is_a_clear_error(world, untouched, capsys):
+    rc, _, err = untouched.rebase(capsys, "--onto", "no-such-branch", "--git-url", str(world.up))
+    assert rc == 2 and "is not a commit in" in err
+
+
+def test_rebase_verb_has_help():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "llamacpp_mla_port", "rebase", "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0
+    for flag in ("--onto", "--git-url", "--force", "--canary", "--json"):
+        assert flag in out.stdout
