@@ -10,7 +10,7 @@ import pytest
 from llamacpp_mla_port import build as build_mod
 from llamacpp_mla_port.bench.run import BENCH_TARGETS
 from llamacpp_mla_port.proof.smoke import SMOKE_TARGETS
-from llamacpp_mla_port.upstream_kit import PR_TARGETS
+from llamacpp_mla_port.upstreaming.pr import PR_TARGETS
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from llamacpp_mla_port.proof.processes import LOCALHOST, Owned, free_port
+from llamacpp_mla_port.proof.run.processes import LOCALHOST, Owned, free_port
 
 
 class LeakyServer:

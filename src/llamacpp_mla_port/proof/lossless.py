@@ -2,7 +2,7 @@
 
 Fixtures (all offline):
   * target: llama.cpp's own tiny Kimi-K3 (fixtures.target), deepened to 6 hybrid layers
-    with residual blocks of 2 (proof.targets) so the taps sit in several blocks and the
+    with residual blocks of 2 (fixtures.target_variants) so the taps sit in several blocks and the
     KDA layers force checkpoint-based rollback;
   * drafts: random K3 DSpark HF checkpoints (fixtures.checkpoint, real names) converted
     by the patched tree's converter. A random draft accepts almost nothing, so two drafts:

@@ -9,7 +9,7 @@ at the real n_embd and vocabulary. Everything is generated offline and seeded.
     [0,1,2,3,4] (llama.cpp target_layers 1..5), five taps, so context_proj keeps its real
     35840 inputs.
   * target: llama.cpp's own tiny Kimi-K3 (test-llama-archs), deepened to 6 hybrid MLA/KDA
-    layers with attention-residual blocks of 2 (proof.targets), then widened to n_embd 7168
+    layers with attention-residual blocks of 2 (fixtures.target_variants), then widened to n_embd 7168
     and a 163840-token TEST vocabulary: token_embd and the untied output head are real-size
     (1.17B parameters each), the layers' inner widths stay small.
   * optionally a Markov head that encodes the target's own greedy bigrams (up to
