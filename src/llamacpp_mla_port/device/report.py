@@ -76,7 +76,11 @@ def format_report(r: dict) -> str:
         bw = rs.get("bandwidth", {})
         bw_bytes = rs.get("block_work", {}).get("bytes_weights", 0) + rs.get("block_work", {}).get("bytes_cache", 0)
         floor_key = "HBM floor" if r.get("figures_from_gpu") else "memory floor (host)"
-        lines += ["## Real-size draft block (7 tokens over 512 cached rows, FA on, F16 cache)", "",
+        lines += ["## Real-size draft block (7 tokens over 512 cached rows, FA on, F16 cache)", ""]
+        if not r.get("figures_from_gpu"):
+            lines += ["Dry run: a reduced config on this CPU, whatever else it runs; these times prove the stage "
+                      "runs, they compare nothing.", ""]
+        lines += [
                   f"Draft n_embd {cfg.get('n_embd')}, vocab {cfg.get('n_vocab')}, {cfg.get('draft', {})}; "
                   f"bytes read {bw_bytes:,}; "
                   f"copy bandwidth {_fmt(bw.get('gbps'), '.1f')} GB/s ({bw.get('device')}, read + write)", "",
