@@ -17,6 +17,7 @@ STAMP  := $(VENV)/.installed
 #   CANARY_ONTO=newest|bNNNNN|NAME==VERSION|COMMIT|PATH  CANARY_ARGS="--git-url ~/src/llama.cpp"
 #   PARITY_BUILD=work/build-portable   (make parity: the build to run the parity matrix on)
 #   BENCH_ARGS="--threads 4 --stages models,floors,passes"
+#   DRY_RUN=1      make device-check: run the GPU check's bundle here with CUDA off
 PATCH_ARGS ?=
 BUILD_ARGS ?=
 RPC ?=
@@ -26,8 +27,9 @@ CANARY_DIR ?= work-canary
 CANARY_ARGS ?=
 PARITY_BUILD ?= work/build
 BENCH_ARGS ?=
+DRY_RUN ?=
 
-.PHONY: help venv patch check build smoke parity test test-slow pr canary bench bench-rpc clean-work clean
+.PHONY: help venv patch check build smoke parity test test-slow pr canary bench bench-rpc device-check clean-work clean
 
 help:
 	@echo "make patch       pinned llama.cpp + the series applied in ./work/llama.cpp; patches/ exported"
@@ -41,6 +43,7 @@ help:
 	@echo "make canary      render, apply, build and prove the series on the newest known upstream (./work-canary)"
 	@echo "make bench       real-size draft vs measured floors, PyTorch, KV, tool timings: work/bench/report.md"
 	@echo "make bench-rpc   local vs RPC (two loopback ggml-rpc-servers) timings, side by side"
+	@echo "make device-check  the GPU check: offline bundle for a device machine (DRY_RUN=1: run it here, CUDA off)"
 	@echo "make clean-work  delete the tool-owned work dirs ./work and ./work-canary"
 
 $(STAMP): pyproject.toml
@@ -83,6 +86,9 @@ bench: patch
 
 bench-rpc: patch
 	$(BIN)/python -m llamacpp_mla_port.bench.rpc
+
+device-check: build
+	$(TOOL) device-check $(if $(filter 1,$(DRY_RUN)),--dry-run)
 
 clean-work:
 	rm -rf work work-canary

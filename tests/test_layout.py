@@ -104,7 +104,7 @@ def test_the_package_has_no_import_cycles():
 LAYERS: list[tuple[str, ...]] = [
     ("cli",),
     ("commands",),
-    ("upstreaming",),
+    ("upstreaming", "device"),
     ("bench",),
     ("proof",),
     ("series", "doctor", "fixtures", "build"),

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "parity": "the draft's logit-parity matrix against one build, with the per-mode threshold table",
     "smoke": "build, make fixtures, run parity and lossless checks, print one JSON report",
     "bench": "the draft at Kimi-K3's real size against measured floors: work/bench/report.md",
+    "device-check": "the pair on a GPU: the offline bundle for a device machine (--dry-run: run it here, CUDA off)",
     "pr": "check each commit builds and lints, run the proof, write an evidence folder",
     "rebase": "re-render the series against a newer upstream and move the pin forward",
 }

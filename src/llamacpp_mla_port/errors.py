@@ -84,3 +84,7 @@ class ConversionError(PortError):
 
 class ProofError(PortError):
     """A parity or lossless check failed."""
+
+
+class DeviceCheckError(PortError):
+    """The GPU check's bundle cannot be made or its driver cannot run."""

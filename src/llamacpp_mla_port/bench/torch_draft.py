@@ -39,18 +39,21 @@ def _gguf_matrix(reader, name: str):
             if t.tensor_type == Q.BF16:
                 return torch.from_numpy(data.view(np.int16).reshape(rows, cols)).view(torch.bfloat16)
             if t.tensor_type == Q.F32:
-                return torch.from_numpy(data.reshape(rows, cols)).to(torch.bfloat16)
+                return torch.from_numpy(data.reshape(rows, cols))
             raise ProofError(f"target tensor {name} is {t.tensor_type.name}; the PyTorch draft reads BF16 or F32")
     raise ProofError(f"the target has no {name}")
 
 
 class TorchDraft:
-    def __init__(self, config: dict, tensors: dict, token_embd, lm_head):
+    def __init__(self, config: dict, tensors: dict, token_embd, lm_head, dtype=None):
         import torch
 
+        # BF16 is what the bench times; float64 shows the draft is the draft on every CPU
+        self.dtype = dtype or torch.bfloat16
+        self.acc = torch.float32 if self.dtype == torch.bfloat16 else self.dtype
         self.cfg = config
         self.w = tensors
-        self.token_embd, self.lm_head = token_embd, lm_head
+        self.token_embd, self.lm_head = token_embd.to(self.dtype), lm_head.to(self.dtype)
         c = config
         self.h, self.n_head = c["hidden_size"], c["num_attention_heads"]
         self.nope, self.rope_dim, self.v = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
@@ -69,7 +72,7 @@ class TorchDraft:
         self.cache: list = [None] * self.n_layer
 
     @classmethod
-    def load(cls, checkpoint_dir: Path, target_gguf: Path) -> "TorchDraft":
+    def load(cls, checkpoint_dir: Path, target_gguf: Path, dtype=None) -> "TorchDraft":
         import torch
         from gguf import GGUFReader
         from safetensors.torch import load_file
@@ -78,22 +81,23 @@ class TorchDraft:
         config = json.loads((checkpoint_dir / "config.json").read_text())
         tensors = {}
         for f in sorted(checkpoint_dir.glob("*.safetensors")):
-            tensors.update({k: v.to(torch.bfloat16) for k, v in load_file(str(f)).items()})
+            tensors.update({k: v.to(dtype or torch.bfloat16) for k, v in load_file(str(f)).items()})
         reader = GGUFReader(str(target_gguf))
-        return cls(config, tensors, _gguf_matrix(reader, "token_embd.weight"), _gguf_matrix(reader, "output.weight"))
+        return cls(config, tensors, _gguf_matrix(reader, "token_embd.weight"), _gguf_matrix(reader, "output.weight"),
+                   dtype)
 
     # ------------------------------------------------------------------ pieces
     def _norm(self, x, weight):
         import torch
-        xf = x.float()
+        xf = x.to(self.acc)
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * weight
 
     def _rotate(self, x, positions):
         """Interleaved-pair rotation of the last axis; x [..., n, rope], positions [n]."""
         import torch
         ang = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
-        cos, sin = (torch.cos(ang) * self.mag).float(), (torch.sin(ang) * self.mag).float()
-        xf = x.float()
+        cos, sin = (torch.cos(ang) * self.mag).to(self.acc), (torch.sin(ang) * self.mag).to(self.acc)
+        xf = x.to(self.acc)
         even, odd = xf[..., 0::2], xf[..., 1::2]
         out = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
         return out.to(x.dtype)
@@ -111,7 +115,7 @@ class TorchDraft:
         import torch
         F = torch.nn.functional
         with torch.inference_mode():
-            x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(torch.bfloat16)
+            x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float64)).to(self.dtype)
             ctx = self._norm(F.linear(x, self.w["context_proj.weight"]), self.w["context_norm.weight"])
             pos = torch.from_numpy(np.asarray(positions, dtype=np.int64))
             for il in range(self.n_layer):
@@ -128,7 +132,7 @@ class TorchDraft:
         with torch.inference_mode():
             ids_t = torch.tensor(list(ids), dtype=torch.int64)
             pos = block_pos0 + torch.arange(len(ids_t))
-            h = self.token_embd[ids_t].to(torch.bfloat16)
+            h = self.token_embd[ids_t]
             for il in range(self.n_layer):
                 p = f"layers.{il}."
                 x = self._norm(h, self.w[p + "input_layernorm.weight"])
@@ -140,7 +144,7 @@ class TorchDraft:
                 q_lat = torch.matmul(q[..., : self.nope], self.k_b[il])                          # [H, B, lora]
                 rows = torch.cat((self.cache[il], self._latent_rows(il, x, pos)), dim=0)          # [C+B, lora+rope]
                 scores = (torch.matmul(q_lat, rows[:, : self.lora].T) + torch.matmul(q_pe, rows[:, self.lora:].T))
-                probs = torch.softmax(scores.float() * self.scale, dim=-1).to(torch.bfloat16)     # non-causal
+                probs = torch.softmax(scores.to(self.acc) * self.scale, dim=-1).to(self.dtype)  # non-causal
                 out_lat = torch.matmul(probs, rows[:, : self.lora])                               # [H, B, lora]
                 out = torch.matmul(out_lat, self.v_b[il].transpose(1, 2))                         # [H, B, v]
                 out = out.transpose(0, 1).reshape(len(ids_t), self.n_head * self.v)
@@ -150,7 +154,7 @@ class TorchDraft:
                 mlp = F.silu(gate) * F.linear(x, self.w[p + "mlp.up_proj.weight"])
                 h = h + F.linear(mlp, self.w[p + "mlp.down_proj.weight"])
             hidden = self._norm(h, self.w["final_norm.weight"])
-            base = F.linear(hidden, self.lm_head).float()
+            base = F.linear(hidden, self.lm_head).to(self.acc)
             w1, w2 = self.w["markov_head.markov_w1.weight"], self.w["markov_head.markov_w2.weight"]
             conf_w, conf_b = self.w.get("confidence_head.proj.weight"), self.w.get("confidence_head.proj.bias")
             biased = torch.empty_like(base)
@@ -158,9 +162,9 @@ class TorchDraft:
             prev = int(ids_t[0])
             for k in range(base.shape[0]):
                 m = w1[prev]
-                biased[k] = base[k] + F.linear(m, w2).float()
+                biased[k] = base[k] + F.linear(m, w2).to(self.acc)
                 if conf_w is not None:
-                    conf.append(float(torch.sigmoid(F.linear(torch.cat((hidden[k], m)), conf_w, conf_b).float())))
+                    conf.append(float(torch.sigmoid(F.linear(torch.cat((hidden[k], m)), conf_w, conf_b))))
                 prev = int(torch.argmax(biased[k]))
                 chain.append(prev)
-        return biased.numpy(), hidden.float().numpy(), chain
+        return biased.numpy(), hidden.to(self.acc).numpy(), chain

@@ -300,15 +300,17 @@ def _matrix(draft_lengths, p_min_on: float):
 
 def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server: bool = True, simple: bool = True,
                  draft_lengths=(1, 3, 7), p_min_on: float = 0.5, n_prompts: int = 20, threads: int = 2,
-                 log=print) -> dict:
-    """The whole lossless matrix; every mismatch is listed in the report (`n_mismatches`)."""
+                 log=print, extra=()) -> dict:
+    """The whole lossless matrix; every mismatch is listed in the report (`n_mismatches`).
+    `extra` goes last on every speculative-simple and server command line (placement, e.g.
+    `-ngl 99 -ngld 99` for target and draft on a GPU)."""
     t0 = time.monotonic()
     pair = prepare_pair(tree, build, work, base_target, n_prompts)
     prompts, target, drafts, alone = pair.prompts, pair.target, pair.drafts, pair.alone
 
     report: dict = {"n_prompts": len(prompts), "n_predict": N_PREDICT, "bigram_entries": pair.bigram_entries,
                     "target": "kimi-k3 MKKMKK (MLA/KDA hybrid), attn_res block 2", "taps_llama": [1, 3, 5],
-                    "speculative_simple": [], "server": []}
+                    "speculative_simple": [], "server": [], "placement": " ".join(map(str, extra)) or "default"}
     mismatches: list[str] = []
     # the bigram draft runs the whole matrix; the random one (acceptance ~0) a corner of it
     plan = [("bigram", c) for c in _matrix(draft_lengths, p_min_on)]
@@ -316,7 +318,7 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
     for dname, (k, fa, p_min) in (plan if simple else []):
         drafted = accepted = ok = 0
         for p in prompts:
-            r = speculative_simple(build, target, drafts[dname], p, k, fa, p_min, threads=threads)
+            r = speculative_simple(build, target, drafts[dname], p, k, fa, p_min, threads=threads, extra=extra)
             drafted += r.n_drafted
             accepted += r.n_accepted
             if same_greedy_output(r.text, alone[p][0]):
@@ -332,7 +334,7 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
     if server:
         for dname, (k, fa, p_min) in plan:
             srv = Server(build, target, drafts[dname], k, fa, p_min,
-                         work / f"server-{dname}-k{k}-fa{int(fa)}-p{p_min}.log", threads=threads)
+                         work / f"server-{dname}-k{k}-fa{int(fa)}-p{p_min}.log", threads=threads, extra=list(extra))
             try:
                 results = srv.complete_all(prompts, N_PREDICT)
             finally:

@@ -348,13 +348,16 @@ class ParityResult:
 
 
 def run_case(binary: Path, draft: Path, target: Path, ref: DraftReference, mode: Mode, precision: Precision,
-             feats: np.ndarray, ids: list[int], pos0: int, out_dir: Path, threads: int = 2) -> dict:
-    """One llama.cpp run of one mode, checked (see the module doc); the case's report."""
+             feats: np.ndarray, ids: list[int], pos0: int, out_dir: Path, threads: int = 2,
+             devices: str | None = None) -> dict:
+    """One llama.cpp run of one mode, checked (see the module doc); the case's report.
+    `devices` (llama.cpp device names, e.g. "CUDA0") places the draft and its target there;
+    None: the CPU, where every bound was measured."""
     n_ctx, n_layers = feats.shape[0], ref.config.n_layers
     staged = mode.compared == "staged"
     got = run_draft_logits(binary, draft, target, feats, ids, out_dir, ctx_pos0=pos0,
                            flash_attn=mode.flash_attn, cache_type=mode.cache_type, threads=threads,
-                           dump=stream_taps(n_layers))
+                           dump=stream_taps(n_layers), draft_devices=devices, target_devices=devices)
     # the reference gets exactly the float32 features llama.cpp got
     feats32 = feats.astype(np.float32).astype(np.float64)
     positions = pos0 + np.arange(n_ctx)
@@ -396,12 +399,13 @@ def run_case(binary: Path, draft: Path, target: Path, ref: DraftReference, mode:
 
 
 def run_parity(tree: Path, build: Path, work: Path, target_for: TargetFactory, hidden: int, vocab: int,
-               configs=PARITY_CONFIGS, modes=MODES, threads: int = 2, seed: int = 0, log=print) -> ParityResult:
+               configs=PARITY_CONFIGS, modes=MODES, threads: int = 2, seed: int = 0, log=print,
+               devices: str | None = None) -> ParityResult:
     from llamacpp_mla_port.proof.run.programs import compile_program
 
     binary = compile_program("draft-logits", tree, build)
     work = Path(work)
-    report: dict = {"configs": {}}
+    report: dict = {"configs": {}, "devices": devices or "CPU"}
     for pcfg in configs:
         n_layer_min = max(pcfg.overrides["target_layer_ids"]) + 2
         target = target_for(hidden, vocab, n_layer_min)
@@ -426,7 +430,8 @@ def run_parity(tree: Path, build: Path, work: Path, target_for: TargetFactory, h
                 feats = rng.normal(size=(n_ctx, ref.config.n_taps * ref.config.target_hidden_size))
                 ids = [int(rng.integers(0, vocab))] + [ref.config.mask_token_id] * (pcfg.block_size - 1)
                 res = run_case(binary, draft, target, ref, mode, precision, feats, ids, pos0,
-                               work / "runs" / pcfg.name / mode.name / f"case{ci}", threads=threads)
+                               work / "runs" / pcfg.name / mode.name / f"case{ci}", threads=threads,
+                               devices=devices)
                 report.setdefault("system_info", res.pop("system_info"))
                 cases.append(res)
                 log(f"parity {pcfg.name} {mode.name} ctx {pos0}+{n_ctx}: NMSE {res['worst_nmse']:.3g} "

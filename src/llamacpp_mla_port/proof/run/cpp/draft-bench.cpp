@@ -6,6 +6,11 @@
 // With --profile, one more block runs with an eval callback that times every graph node
 // (the scheduler then computes node by node: slower in total, but the shares are per op).
 //
+// Placement (default: everything on the CPU): --draft-devices / --target-devices DEV,... put
+// each model's layers on those llama.cpp devices (CUDA0, ...), as draft-logits does; every
+// timed pass ends with llama_synchronize, so a GPU pass is timed to its end. OUT.json.log
+// holds llama.cpp's whole log (with GGML_SCHED_DEBUG=2: the scheduler's splits per graph).
+//
 // Output (--out): JSON {"inject": {"N": [seconds...]}, "block": [seconds...], "profile": [...], ...}
 #include "llama.h"
 #include "llama-ext.h"
@@ -13,6 +18,7 @@
 #include "ggml-backend.h"
 
 #include "clock.h"
+#include "devices.h"
 #include "diag.h"
 
 #include <algorithm>
@@ -37,6 +43,7 @@ struct args_t {
     int32_t threads    = 2;
     std::string flash_attn = "off";
     std::string cache_type = "f16";
+    std::string draft_devices, target_devices;
     bool profile = false;
     bool profile_only = false;
     int32_t profile_inject = 0;
@@ -49,7 +56,7 @@ static void usage() {
         "usage: draft-bench --draft D.gguf --target T.gguf --out OUT.json [--inject 1,64,512] [--block 7]\n"
         "                   [--block-ctx 512] [--repeats 3] [--threads N] [--flash-attn on|off]\n"
         "                   [--cache-type f16|f32|bf16|q8_0] [--profile | --profile-only] [--no-extra-bufts]\n"
-        "                   [--verbose]\n"
+        "                   [--verbose] [--draft-devices DEV,...] [--target-devices DEV,...]\n"
         "                   [--profile-inject N]\n"
         "  --profile-only: no timed passes, only one warm-up block and the profiled block\n"
         "  --profile-inject N: also profile one injection of N rows (after an untimed one)\n");
@@ -93,6 +100,8 @@ static args_t parse_args(int argc, char ** argv) {
         else if (k == "--profile-inject") a.profile_inject = std::stoi(val());
         else if (k == "--no-extra-bufts") a.extra_bufts = false;
         else if (k == "--verbose")    a.verbose = true;
+        else if (k == "--draft-devices")  a.draft_devices = val();
+        else if (k == "--target-devices") a.target_devices = val();
         else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
         else { usage(); die("unknown argument " + k); }
     }
@@ -190,15 +199,17 @@ static int run(int argc, char ** argv) {
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
 
-    llama_model_params mparams = llama_model_default_params();
-    mparams.n_gpu_layers = 0;
-    mparams.use_extra_bufts = args.extra_bufts;
+    const std::vector<ggml_backend_dev_t> devs_tgt = parse_devices(args.target_devices);
+    const std::vector<ggml_backend_dev_t> devs_dft = parse_devices(args.draft_devices);
+    llama_model_params mp_tgt = placed_params(devs_tgt);
+    llama_model_params mp_dft = placed_params(devs_dft);
+    mp_tgt.use_extra_bufts = mp_dft.use_extra_bufts = args.extra_bufts;
     const double t_load0 = now_s();
-    llama_model * model_tgt = llama_model_load_from_file(args.target.c_str(), mparams);
+    llama_model * model_tgt = llama_model_load_from_file(args.target.c_str(), mp_tgt);
     if (!model_tgt) {
         die("cannot load target " + args.target);
     }
-    llama_model * model_dft = llama_model_load_from_file(args.draft.c_str(), mparams);
+    llama_model * model_dft = llama_model_load_from_file(args.draft.c_str(), mp_dft);
     if (!model_dft) {
         die("cannot load draft " + args.draft);
     }
@@ -281,6 +292,7 @@ static int run(int argc, char ** argv) {
         if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) {
             die("feature injection of " + std::to_string(n) + " rows failed");
         }
+        llama_synchronize(ctx);     // no outputs to read: wait for the device explicitly
         last_cpu = cpu_s() - c0;
         return now_s() - t0;
     };
@@ -298,6 +310,7 @@ static int run(int argc, char ** argv) {
         if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) {
             die("block decode failed");
         }
+        llama_synchronize(ctx);
         last_cpu = cpu_s() - c0;
         // the caller reads every row's logits: make sure they are there
         for (int32_t i = 0; i < args.block; ++i) {
@@ -364,6 +377,9 @@ static int run(int argc, char ** argv) {
     o << "{\n  \"threads\": " << args.threads << ",\n"
       << "  \"flash_attn\": " << json_str(args.flash_attn) << ",\n"
       << "  \"cache_type\": " << json_str(args.cache_type) << ",\n"
+      << "  \"draft_devices\": " << json_str(args.draft_devices) << ",\n"
+      << "  \"target_devices\": " << json_str(args.target_devices) << ",\n"
+      << "  \"system_info\": " << json_str(llama_print_system_info()) << ",\n"
       << "  \"block\": " << args.block << ",\n"
       << "  \"block_ctx\": " << args.block_ctx << ",\n"
       << "  \"load_seconds\": " << t_load << ",\n"

@@ -33,6 +33,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
+#include "devices.h"
 #include "diag.h"
 #include "dump.h"
 #include "npy.h"
@@ -132,18 +133,6 @@ static ggml_type parse_cache_type(const std::string & s) {
     die("unsupported --cache-type " + s + " (f16, f32, bf16, q8_0)");
 }
 
-static std::vector<std::string> split_list(const std::string & s) {
-    std::vector<std::string> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        if (!item.empty()) {
-            out.push_back(item);
-        }
-    }
-    return out;
-}
-
 // as common's --rpc does: each server's devices join the backend registry
 static void add_rpc_servers(const std::string & servers) {
     ggml_backend_reg_t reg = ggml_backend_reg_by_name("RPC");
@@ -162,34 +151,6 @@ static void add_rpc_servers(const std::string & servers) {
         }
         ggml_backend_register(server_reg);
     }
-}
-
-// a NULL-terminated device list for llama_model_params.devices (empty: the CPU only)
-static std::vector<ggml_backend_dev_t> parse_devices(const std::string & names) {
-    std::vector<ggml_backend_dev_t> devs;
-    for (const std::string & name : split_list(names)) {
-        if (name == "CPU" || name == "none") {
-            continue;
-        }
-        ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
-        if (!dev) {
-            std::string known;
-            for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-                known += std::string(known.empty() ? "" : ", ") + ggml_backend_dev_name(ggml_backend_dev_get(i));
-            }
-            die("unknown device " + name + " (this run has: " + known + "; RPC devices come with --rpc)");
-        }
-        devs.push_back(dev);
-    }
-    devs.push_back(nullptr);
-    return devs;
-}
-
-static llama_model_params placed_params(const std::vector<ggml_backend_dev_t> & devs) {
-    llama_model_params mparams = llama_model_default_params();
-    mparams.devices      = const_cast<ggml_backend_dev_t *>(devs.data());
-    mparams.n_gpu_layers = devs.size() > 1 ? 999 : 0;   // every layer on the devices given, else the CPU
-    return mparams;
 }
 
 static std::string meta_str(const llama_model * model, const char * key) {

@@ -1,0 +1,73 @@
+"""`device-check`: the GPU check, prepared here and run on a device machine (the work is
+device/; README "GPU check").
+
+    llamacpp-mla-port device-check [--dry-run] [--tree DIR --build DIR]
+        make work/device-bundle/ (pruned patched tree, wheels, fixtures, driver) and print the
+        one device call that runs it; --dry-run then runs the bundle here with CUDA off
+        (report in work/device-check/)
+    llamacpp-mla-port device-check --run --bundle DIR --out DIR --work DIR [--dry-run]
+        the driver itself (what the bundle's run.sh calls, on the device or in the dry run)
+
+Exit 1 when a stage of the check fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def configure(parser) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="after preparing, run the bundle here with CUDA off (work/device-check/)")
+    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
+    parser.add_argument("--build", type=Path, default=None,
+                        help="its CPU build, for the fixtures (default: the work build)")
+    parser.add_argument("--bundle", type=Path, default=None, help="the bundle folder (default: work/device-bundle)")
+    parser.add_argument("--prompts", type=int, default=8, help="lossless prompts (default 8)")
+    g = parser.add_argument_group("the driver (run.sh)")
+    g.add_argument("--run", action="store_true", help="run the check from --bundle (what run.sh does)")
+    g.add_argument("--out", type=Path, default=None, help="report folder")
+    g.add_argument("--work", type=Path, default=None, help="scratch folder (tree, build, models)")
+    g.add_argument("--budget", type=float, default=None,
+                   help="seconds for the whole run (default: 540 on the device, none in a dry run)")
+    g.add_argument("--stages", default=None, help="comma-separated subset of build,fallback,parity,lossless,realsize")
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def run(args) -> int:
+    from llamacpp_mla_port.device import bundle as device
+    from llamacpp_mla_port.device.check import run_check
+    from llamacpp_mla_port.device.report import format_report
+    from llamacpp_mla_port.errors import DeviceCheckError
+
+    if args.run:
+        if not (args.bundle and args.out and args.work):
+            raise DeviceCheckError("--run needs --bundle, --out and --work", hint="run the bundle's run.sh")
+        budget = args.budget if args.budget is not None else (None if args.dry_run else device.DEVICE_BUDGET_S)
+        stages = tuple(s for s in args.stages.split(",") if s) if args.stages else device.STAGES
+        report = run_check(args.bundle, args.out, args.work, args.dry_run, budget, stages)
+        sys.stdout.write(format_report(report))
+        return 0 if report["ok"] else 1
+
+    from llamacpp_mla_port import project
+    from llamacpp_mla_port.series.worktree import locate_build
+
+    root = project.current().root
+    tree, build = locate_build(args.tree, args.build)
+    folder = args.bundle or root / device.BUNDLE_REL
+    manifest = device.prepare_bundle(tree, build, folder, repo_root=root, n_prompts=args.prompts, log=_log)
+    sys.stdout.write((folder / "README.md").read_text())
+    sys.stdout.write(f"\nbundle {folder}: {manifest['bundle_bytes']:,} B; with the checkout's travelling files "
+                     f"{manifest['carried_total_bytes']:,} B of {manifest['carry_limit_bytes']:,}\n")
+    if not args.dry_run:
+        return 0
+    env = {**os.environ, "DRY_RUN": "1", "MLA_PYTHON": sys.executable,
+           "MLA_DEVICE_OUT": str(root / device.DRY_OUT_REL)}
+    return subprocess.run(["bash", str(folder / "run.sh")], env=env).returncode
