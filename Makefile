@@ -39,7 +39,7 @@ help:
 	@echo "make parity      the logit-parity matrix and threshold table on PARITY_BUILD (default work/build)"
 	@echo "make test        the test suite (drift check, engine, runtime, converter, proof, doctor)"
 	@echo "make test-slow   real-size checks: real-config conversion, the real-size pair lossless (~20 GB disk)"
-	@echo "make pr          upstream kit: per-commit build/lint checks + evidence folder"
+	@echo "make pr          upstream kit: one folder per PR stack in work/pr/ (patches, squashed patch, evidence, checklist)"
 	@echo "make canary      render, apply, build and prove the series on the newest known upstream (./work-canary)"
 	@echo "make bench       real-size draft vs measured floors, PyTorch, KV, tool timings: work/bench/report.md"
 	@echo "make bench-rpc   local vs RPC (two loopback ggml-rpc-servers) timings, side by side"

@@ -32,7 +32,8 @@ GUARDED_MASK = ("    if (self_kq_mask) {\n"
                 "        mctx->set_input_kq_mask(self_kq_mask, ubatch, cparams.causal_attn);\n"
                 "    }\n")
 
-COMMIT_10 = f'''
+COMMIT_10 = f'''stack = "gguf-demo"
+
 [[change]]
 file = "{GGUF}"
 within = """
@@ -46,7 +47,8 @@ anchor = """
 placement = "after"
 template = "tensors.py.j2"
 '''
-COMMIT_20 = f'''
+COMMIT_20 = f'''stack = "graph-demo"
+
 [[change]]
 file = "{GRAPH}"
 within = """
@@ -104,10 +106,32 @@ def make_world(tmp_path_factory, pin, sdist_tarball):
         yield World(root, real.sha, up)
 
 
+DEMO_STACKS = '''
+[stacks.gguf-demo]
+title = "gguf-py : list two more DFLASH tensors"
+
+[stacks.graph-demo]
+title = "graph : guard the K-only mask"
+
+[[stacks.graph-demo.evidence]]
+claim = "the demo's claim"
+command = "echo demo-figure 0.5"
+'''
+
+
+def demo_port_toml() -> str:
+    """The project's port.toml with its PR stacks replaced by the demo's two (one commit each)."""
+    lines = (TEMPLATES_DIR / "port.toml").read_text().split("\n")
+    cut = next(i for i, ln in enumerate(lines) if ln.startswith("[stacks."))
+    while cut and lines[cut - 1].startswith("#"):
+        cut -= 1
+    return "\n".join(lines[:cut]).rstrip() + "\n" + DEMO_STACKS
+
+
 def make_templates(dst: Path, pin_commit: str) -> Path:
     """A two-commit series of our own, pinned at `pin_commit` (the sdist table kept)."""
     dst.mkdir(parents=True)
-    shutil.copy(TEMPLATES_DIR / "port.toml", dst / "port.toml")
+    (dst / "port.toml").write_text(demo_port_toml())
     real_pin = (TEMPLATES_DIR / "pin.toml").read_text()
     (dst / "pin.toml").write_text(real_pin.replace(load_pin().commit, pin_commit))
     for slug, toml, name, body, msg in (

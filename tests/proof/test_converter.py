@@ -392,19 +392,26 @@ def test_inconsistent_config_is_rejected(tree, tmp_path, edit, pattern):
 
 
 @pytest.mark.parametrize("edit,add,pattern", [
-    ({"speculators_config": {"algorithm": "dspark"}}, None, "speculators export"),
-    ({"block_size": 5, "num_attention_heads": 4}, None, "Block5"),
-    ({"is_causal": True}, None, "Block5"),
-    ({"target_hidden_state": "attn_res"}, None, "lightseekorg"),
-    ({}, {"context_norms.0.weight": torch.ones(64)}, "lightseekorg"),
+    ({"speculators_config": {"algorithm": "dspark"}}, None, "speculators format"),
+    ({"is_causal": True}, None, "causal draft layers"),
+    ({"causal": True}, None, "causal draft layers"),
+    ({"target_hidden_state": "attn_res"}, None, "target_hidden_state = 'attn_res' is not supported"),
+    ({}, {"context_norms.0.weight": torch.ones(64)}, r"per-tap norm tensors \('context_norms\.0\.weight'\)"),
 ])
-def test_other_kimi_k3_dspark_checkpoints_are_named(tree, tmp_path, edit, add, pattern):
+def test_other_layouts_are_refused_naming_what_is_unsupported(tree, tmp_path, edit, add, pattern):
     ckpt, target = _edited_checkpoint(tmp_path, add=add, config_edit=edit)
-    _fails(tree, ckpt, target, tmp_path / "d.gguf", pattern)
+    msg = _fails(tree, ckpt, target, tmp_path / "d.gguf", pattern)
+    assert msg.isascii() and not any(w in msg for w in ("Inferact", "RedHat", "lightseek", "RadixArk"))
+
+
+def test_a_block_size_in_the_config_is_written(tree, tmp_path):
+    ckpt, target = _edited_checkpoint(tmp_path, config_edit={"block_size": 5})
+    r = convert(tree, ckpt, target, tmp_path / "d.gguf")
+    assert field(r, "dflash.block_size") == 5
 
 
 def test_qwen3_style_kimi_k3_dspark_takes_the_existing_path(tree, tmp_path):
-    """RadixArk's GQA draft under the same architecture name: converted as a Qwen3 DSpark draft."""
+    """A GQA draft under the same architecture name: converted as a Qwen3 DSpark draft."""
     h, n_head, n_kv, hd, n_ff, vocab, rank, n_layer = 64, 4, 2, 16, 96, 128, 8, 2
     taps = [1, 3, 6]
     cfg = {

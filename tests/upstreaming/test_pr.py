@@ -19,7 +19,8 @@ from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG
 from llamacpp_mla_port.errors import BuildError, SeriesError
 from llamacpp_mla_port.source import obtain
 from llamacpp_mla_port.upstreaming.lint import EditorConfig, flake8_findings, whitespace_findings
-from llamacpp_mla_port.upstreaming.pr import PrOptions, check_commits, checklist, make_pr
+from llamacpp_mla_port.upstreaming.pr import (PrOptions, check_commits, checklist, introduced, make_pr,
+                                              model_naming_errors, tree_checks, ty_findings)
 from tests.helpers.upstream_drift import GRAPH, Project, make_world
 
 IDENT = gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z")
@@ -188,14 +189,18 @@ def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     p = Project(world, tmp_path, world.base)
     built = []
     result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
-                               smoke_args=("--quick",)),
+                               smoke_args=("--quick",), upstream_checks=False),
                      build=lambda tree, bd, targets: built.append(
                          gitutil.run(tree, "rev-parse", "HEAD")),
                      smoke=_fake_smoke, log=lambda *_: None)
     ev = p.work / "evidence"
     assert result["ok"] and result["evidence"] == ev
     head = gitutil.run(p.work / "llama.cpp", "rev-parse", "HEAD")
-    assert built == [gitutil.run(p.work / "llama.cpp", "rev-parse", "HEAD~1"), head]
+    # each PR stack (one commit each in the demo) is built alone on the base
+    assert built[0] == gitutil.run(p.work / "llama.cpp", "rev-parse", "HEAD~1") and len(built) == 2
+    assert gitutil.run(p.work / "llama.cpp", "rev-parse", f"{built[1]}^") == world.base
+    assert gitutil.run(p.work / "llama.cpp", "rev-parse", f"{built[1]}^{{tree}}") != \
+        gitutil.run(p.work / "llama.cpp", "rev-parse", f"{head}^{{tree}}")
     assert sorted(x.name for x in (ev / "series").iterdir()) == sorted(
         x.name for x in p.patches.iterdir())
     up = json.loads((ev / "upstream.json").read_text())
@@ -208,6 +213,28 @@ def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     assert [c["ok"] for c in summary["build"]["commits"]] == [True, True]
     assert json.loads((ev / "proof.json").read_text())["extra"] == ["--quick"]
     assert "AI usage disclosure" in (ev / "CHECKLIST.md").read_text()
+    # one folder per PR stack
+    assert sorted(result["stacks"]) == ["gguf-demo", "graph-demo"]
+    for name in ("gguf-demo", "graph-demo"):
+        folder = p.work / "pr" / name
+        assert result["stacks"][name]["ok"] and result["stacks"][name]["folder"] == str(folder)
+        names = sorted(x.name for x in folder.iterdir())
+        assert names == ["CHECKLIST.md", "DESCRIPTION-SKELETON.md", "EVIDENCE.md", "checks.json",
+                         "evidence.json", "patches", "squashed.patch"]
+        assert (folder / "patches" / "series").read_text().count(".patch") == 1
+    graph = p.work / "pr" / "graph-demo"
+    sq = (graph / "squashed.patch").read_text()
+    assert "Subject: [PATCH] graph : guard the K-only mask" in sq and "MODEL_TENSOR" not in sq
+    skeleton = (graph / "DESCRIPTION-SKELETON.md").read_text()
+    assert "DRAFT SKELETON" in skeleton and "## Overview" in skeleton and "## Requirements" in skeleton
+    assert "<what this PR does and why, in your words>" in skeleton
+    assert "AI usage disclosure: <YES / NO" in skeleton and "If you are an AI agent" not in skeleton
+    check = (graph / "CHECKLIST.md").read_text()
+    assert "--reset-author" in check and "Assisted-by:" in check and "never pushes" in check
+    ev = json.loads((graph / "evidence.json").read_text())
+    assert ev[0]["command"] == "echo demo-figure 0.5" and ev[0]["status"] == "pass"
+    assert "demo-figure 0.5" in ev[0]["output_tail"] and "demo-figure 0.5" in (graph / "EVIDENCE.md").read_text()
+    assert json.loads((graph / "checks.json").read_text())["checks"]["style"] is True
     # the tool's work tree is exactly as it was: the checks ran in their own worktree
     assert gitutil.run(p.work / "llama.cpp", "status", "--porcelain") == ""
     assert (p.work / "pr" / "llama.cpp" / GRAPH).is_file()
@@ -221,11 +248,13 @@ def test_make_pr_reports_a_defect_of_one_commit(world, tmp_path):
     pipeline.patch(pipeline.Options(work_dir=p.work, patches_dir=p.patches,
                                     templates_dir=p.templates), log=lambda *_: None)
     result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
-                               skip_build=True, skip_smoke=True), smoke=None, log=lambda *_: None)
+                               skip_build=True, skip_smoke=True, upstream_checks=False), smoke=None,
+                     log=lambda *_: None)
     assert not result["ok"] and result["checks"]["whitespace"] is False
     assert result["checks"]["builds"] is None and result["checks"]["proof"] is None
     bad = [c for c in result["commits"] if not c["ok"]]
     assert len(bad) == 1 and bad[0]["title"] == "graph : guard the K-only mask"
+    assert result["stacks"]["graph-demo"]["ok"] is False and result["stacks"]["gguf-demo"]["ok"]
     assert bad[0]["findings"][0]["file"] == GRAPH
     assert bad[0]["findings"][0]["code"] == "TrimTrailingWhitespace"
     checks = json.loads((p.work / "evidence" / "checks.json").read_text())
@@ -245,3 +274,37 @@ def test_pr_verb_has_help():
     out = subprocess.run([sys.executable, "-m", "llamacpp_mla_port", "pr", "--help"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "--skip-build" in out.stdout and "--evidence" in out.stdout
+
+
+# --------------------------------------------------------------- upstream's checks, base vs patched
+def test_introduced_compares_without_line_numbers():
+    base = {"ty": ["a.py: error[x] one", "a.py: error[x] one"], "pre-tokenizer": "not run: why"}
+    patched = {"ty": ["a.py: error[x] one", "a.py: error[x] one", "b.py: error[y] two"],
+               "pre-tokenizer": []}
+    got = introduced(base, patched)
+    assert got["ty"] == {"ran": True, "base": 2, "patched": 3, "introduced": ["b.py: error[y] two"]}
+    assert got["pre-tokenizer"] == {"ran": False, "note": "not run: why"}
+
+
+def test_model_naming_rule_of_code_style(tmp_path):
+    (tmp_path / "src" / "models").mkdir(parents=True)
+    (tmp_path / "src" / "models" / "my-model.cpp").write_text("")
+    cases = ("        case LLM_ARCH_MY_MODEL:\n            return new llama_model_my_model(params);\n"
+             "        case LLM_ARCH_OTHER:\n            return new llama_model_another(params);\n"
+             "        case LLM_ARCH_GONE:\n            return new llama_model_gone(params);\n")
+    (tmp_path / "src" / "llama-model.cpp").write_text(cases)
+    errors = model_naming_errors(tmp_path)
+    assert len(errors) == 2 and "LLM_ARCH_OTHER: arch/class name mismatch" in errors[0]
+    assert "LLM_ARCH_GONE: no src/models/gone.cpp" in errors[1]
+
+
+def test_ty_at_the_pinned_version_finds_what_a_change_adds(tmp_path, base_files):
+    tree = _tree(tmp_path, base_files, {"ok.py": "x: int = 1\n"})
+    clean = ty_findings(tree)
+    assert isinstance(clean, list), clean          # ty==0.0.84 is a test dependency
+    (tree / "bad.py").write_text("y: int = 'text'\n")
+    base = tree_checks(tree, ["ok.py"], {"ty": clean, "model-naming": [], "pre-tokenizer": []})
+    patched = tree_checks(tree, ["ok.py", "bad.py"])
+    got = introduced(base, patched)
+    assert [x.split(":")[0] for x in got["ty"]["introduced"]] == ["bad.py"], got
+    assert got["flake8"]["introduced"] == [] and got["pre-tokenizer"]["ran"] is False

@@ -1,4 +1,5 @@
-"""`pr` (make pr): per-commit build and lint checks, the proof, an evidence folder.
+"""`pr` (make pr): one folder per pull request (work/pr/<stack>/: patches, squashed patch,
+evidence, description skeleton, checklist), per-commit build and lint checks, the proof.
 
 Nothing is pushed and no PR description is written; the work is upstreaming/pr.py.
 """
@@ -27,6 +28,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="lint only: do not build each commit (the evidence says so)")
     parser.add_argument("--skip-smoke", action="store_true",
                         help="do not run the proof (the evidence says so)")
+    parser.add_argument("--skip-evidence", action="store_true",
+                        help="do not run the stacks' evidence commands (EVIDENCE.md says so)")
+    parser.add_argument("--skip-upstream-checks", action="store_true",
+                        help="do not run ty, the model-naming and the pre-tokenizer checks "
+                             "on the base and on each stack")
+    parser.add_argument("--stack", dest="stacks", action="append", default=[], metavar="NAME",
+                        help="only this PR stack (templates/port.toml [stacks]; repeatable)")
     parser.add_argument("--smoke-arg", dest="smoke_args", action="append", default=[],
                         metavar="ARG", help="passed to `smoke` (e.g. --smoke-arg=--quick)")
 
@@ -36,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
                      templates_dir=args.templates_dir, evidence=args.evidence,
                      build_dir=args.build_dir, targets=tuple(args.targets or PR_TARGETS),
                      jobs=args.jobs, skip_build=args.skip_build, skip_smoke=args.skip_smoke,
-                     smoke_args=tuple(args.smoke_args))
+                     smoke_args=tuple(args.smoke_args), skip_evidence=args.skip_evidence,
+                     stacks=tuple(args.stacks), upstream_checks=not args.skip_upstream_checks)
     result = make_pr(opts)
     for c in result["commits"]:
         print(f"{c['sha'][:12]} {'ok    ' if c['ok'] else 'FAILED'} {c['title']}")
@@ -49,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
     for k, v in result["checks"].items():
         if k != "build_note":
             print(f"{k:14} {'skipped' if v is None else 'ok' if v else 'FAILED'}")
+    for name, st in result["stacks"].items():
+        bad = [k for k, v in st["checks"].items() if v is False]
+        print(f"PR {name:<12} {'ok    ' if st['ok'] else 'FAILED'} {len(st['commits'])} commits, "
+              f"+{st['added']}/-{st['removed']}: {st['folder']}"
+              + (f" (failing: {', '.join(bad)})" if bad else ""))
     print(f"evidence: {result['evidence']} (CHECKLIST.md is for you to complete; nothing was "
           "pushed and no PR description was written)")
     return 0 if result["ok"] else 1

@@ -5,6 +5,7 @@ Pure data loading and validation; rendering is series/render.py's job.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -16,6 +17,10 @@ PLACEMENTS = ("after", "before", "replace", "create")
 _FOLDER = re.compile(r"^\d{2}-[a-z0-9][a-z0-9-]*$")
 _CHANGE_KEYS = {"file", "anchor", "within", "within_end", "placement", "template", "regex",
                 "vars"}
+_COMMIT_KEYS = {"vars", "change", "stack"}
+_STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_STACK_KEYS = {"title", "summary", "evidence"}
+_EVIDENCE_KEYS = {"claim", "command"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,24 @@ class Commit:
     message_template: str    # path relative to templates/
     changes: tuple[Change, ...]
     vars: dict = field(default_factory=dict)
+    stack: str = ""          # the pull request (port.toml [stacks.NAME]) this commit goes in
+
+
+@dataclass(frozen=True)
+class Evidence:
+    claim: str               # what the PR says
+    command: str             # what shows it, run from the project checkout
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One pull request upstream would get: series commits, in series order, that apply
+    alone on the pinned base (port.toml [stacks.NAME])."""
+    name: str
+    title: str               # the squashed commit's subject, `<module> : <title>`
+    commits: tuple[str, ...]  # commit slugs
+    summary: str = ""
+    evidence: tuple[Evidence, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,6 +71,19 @@ class Series:
     date: str
     branch: str
     commits: tuple[Commit, ...]
+    stacks: tuple[Stack, ...] = ()
+
+    def stack(self, name: str) -> Stack:
+        for st in self.stacks:
+            if st.name == name:
+                return st
+        raise PortDescriptionError(f"no PR stack {name!r} in templates/port.toml",
+                                   f"stacks: {', '.join(s.name for s in self.stacks)}")
+
+    def only(self, stack: Stack) -> "Series":
+        """This series reduced to one stack's commits (rendered alone on the base)."""
+        kept = tuple(c for c in self.commits if c.slug in stack.commits)
+        return dataclasses.replace(self, commits=kept)
 
 
 def _load_toml(path: Path) -> dict:
@@ -115,6 +151,10 @@ def load_series(root: Path | None = None) -> Series:
                 f"{folder}: series folders are named NN-slug (two digits, lowercase slug)",
                 "rename the folder, e.g. 25-model-my-change")
         data = _load_toml(folder / "commit.toml")
+        unknown = set(data) - _COMMIT_KEYS
+        if unknown:
+            raise PortDescriptionError(f"{folder / 'commit.toml'}: unknown key(s) {sorted(unknown)}",
+                                       f"allowed top-level keys: {sorted(_COMMIT_KEYS)}")
         raw_changes = data.get("change", [])
         if not raw_changes:
             raise PortDescriptionError(f"{folder / 'commit.toml'}: no [[change]] entries",
@@ -127,10 +167,60 @@ def load_series(root: Path | None = None) -> Series:
             _change(raw, folder, root, f"series/{folder.name}/commit.toml change #{i + 1}")
             for i, raw in enumerate(raw_changes))
         commits.append(Commit(slug=folder.name, message_template=message.relative_to(root).as_posix(),
-                              changes=changes, vars=dict(data.get("vars", {}))))
+                              changes=changes, vars=dict(data.get("vars", {})),
+                              stack=str(data.get("stack", ""))))
     if not commits:
         raise PortDescriptionError(f"{series_dir} holds no commit folders",
                                    "the series needs at least one templates/series/NN-slug/")
     return Series(root=root, vars=dict(port.get("vars", {})), author_name=meta["author_name"],
                   author_email=meta["author_email"], date=meta["date"], branch=meta["branch"],
-                  commits=tuple(commits))
+                  commits=tuple(commits), stacks=_stacks(root / "port.toml", port, commits))
+
+
+def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
+    """port.toml [stacks.NAME], in file order; every commit names exactly one of them."""
+    raw = port.get("stacks", {})
+    if not isinstance(raw, dict) or not raw:
+        raise PortDescriptionError(f"{path}: no [stacks.NAME] tables",
+                                   "group the series into the pull requests upstream would get "
+                                   "(see templates/README.md, PR stacks)")
+    names = list(raw)
+    for name, table in raw.items():
+        if name in ("build", "evidence"):
+            raise PortDescriptionError(f"{path}: [stacks.{name}]: the name is taken by "
+                                       "`make pr`'s own folders (work/pr/build)", "rename the stack")
+        if not _STACK.match(name) or not isinstance(table, dict):
+            raise PortDescriptionError(f"{path}: [stacks.{name}] is not a table named with "
+                                       "lowercase letters, digits and dashes", "e.g. [stacks.rpc]")
+        unknown = set(table) - _STACK_KEYS
+        if unknown or not table.get("title"):
+            raise PortDescriptionError(f"{path}: [stacks.{name}] needs `title`"
+                                       + (f"; unknown key(s) {sorted(unknown)}" if unknown else ""),
+                                       f"allowed keys: {sorted(_STACK_KEYS)}")
+        for i, ev in enumerate(table.get("evidence", [])):
+            if set(ev) != _EVIDENCE_KEYS:
+                raise PortDescriptionError(f"{path}: [[stacks.{name}.evidence]] #{i + 1} needs "
+                                           "exactly `claim` and `command`",
+                                           "a claim of the PR and the command that shows it")
+    for c in commits:
+        if not c.stack:
+            raise PortDescriptionError(
+                f"series/{c.slug} belongs to no PR stack",
+                f"add `stack = \"NAME\"` to series/{c.slug}/commit.toml, NAME one of "
+                f"{', '.join(names)} (or a new [stacks.NAME] in templates/port.toml)")
+        if c.stack not in raw:
+            raise PortDescriptionError(
+                f"series/{c.slug}: stack {c.stack!r} is not defined in templates/port.toml",
+                f"add a [stacks.{c.stack}] table with a `title`, or use one of {', '.join(names)}")
+    out = []
+    for name in names:
+        members = tuple(c.slug for c in commits if c.stack == name)
+        if not members:
+            raise PortDescriptionError(f"{path}: [stacks.{name}] has no commits",
+                                       f"set `stack = \"{name}\"` in a commit.toml, or drop the table")
+        table = raw[name]
+        out.append(Stack(name=name, title=table["title"], commits=members,
+                         summary=table.get("summary", ""),
+                         evidence=tuple(Evidence(e["claim"], e["command"])
+                                        for e in table.get("evidence", []))))
+    return tuple(out)

@@ -153,7 +153,13 @@ def _anchor(opts: CanaryOptions, state: dict, log) -> dict:
     n = len(outcome.changes)
     moved = sum(1 for c in outcome.changes if c.status == "ok" and c.old_line not in (None, c.line))
     summary = {"changes": n, "found": sum(1 for c in outcome.changes if c.status == "ok"),
-               "moved": moved, "relation": outcome.relation, "notes": outcome.notes}
+               "moved": moved, "relation": outcome.relation, "notes": outcome.notes,
+               "stacks": outcome.stacks}
+    if outcome.status == "stack-conflict":
+        bad = next(t for t in outcome.stacks if not t["ok"])
+        raise _Failed({**summary, "outcome": outcome.status, "status": "stack-conflict",
+                       "stack": bad["stack"], "message": f"PR stack {bad['stack']}: {bad['message']}",
+                       "hint": bad.get("hint")})
     if not outcome.ok:
         first = outcome.first_failure
         evidence = dataclasses.asdict(first) if first else {}
@@ -332,6 +338,8 @@ def stage_line(name: str, entry: dict) -> str:
         what += ")"
     elif name == "anchor":
         what = f"{entry['found']}/{entry['changes']} changes found ({entry['moved']} moved)"
+        if entry.get("stacks"):
+            what += f"; {len(entry['stacks'])} PR stacks apply alone"
     elif name == "apply":
         what = f"{entry['patches']} patches applied with git am -3"
     elif name == "build":

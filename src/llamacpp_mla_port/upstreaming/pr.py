@@ -15,6 +15,12 @@ disclosure to be the contributor's own). Steps:
 4. An evidence folder (default <work-dir>/evidence/): the series (patches/), the upstream it
    applies to, every check result, the proof's figures, and CHECKLIST.md mirroring the
    tree's .github/pull_request_template.md, with the AI-use disclosure left for the author.
+5. One folder per pull request (<work-dir>/pr/<stack>/, templates/port.toml [stacks]): the
+   stack rendered alone on the base (patches/ and squashed.patch, both re-applied), its
+   commits checked and built in order from the base, upstream's style rules on its
+   messages and added lines, EVIDENCE.md (each claim, the command behind it, its result),
+   DESCRIPTION-SKELETON.md (the PR template's sections with placeholders: the words are the
+   author's, the tool writes no description) and CHECKLIST.md.
 """
 
 from __future__ import annotations
@@ -35,9 +41,11 @@ import git
 from llamacpp_mla_port import gitutil, project
 from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG
 from llamacpp_mla_port.errors import PortError, SeriesError, WorkTreeError
-from llamacpp_mla_port.series import pipeline
+from llamacpp_mla_port.series import pipeline, stacks as stacks_mod
+from llamacpp_mla_port.series.spec import Stack, load_series
 from llamacpp_mla_port.series.worktree import Workspace, default_work_dir
 from llamacpp_mla_port.source.pin import load_pin
+from llamacpp_mla_port.upstreaming import style
 from llamacpp_mla_port.upstreaming.lint import EditorConfig, Finding, flake8_findings, whitespace_findings
 
 #: what every commit must build: the library through the tools the job and the proof use,
@@ -238,6 +246,285 @@ def checklist(template: str | None, checks: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------- upstream's PR checks
+#: the ty version upstream's python-type-check.yml pins
+TY_VERSION = "0.0.84"
+_POSITION = re.compile(r":\d+(?::\d+)?(?=:)")
+
+
+def _unplaced(line: str) -> str:
+    """A finding without its line/column, so base and patched findings compare."""
+    return _POSITION.sub("", line, count=1).strip()
+
+
+def model_naming_errors(tree: Path) -> list[str]:
+    """code-style.yml's model-naming rule: every `case LLM_ARCH_X: return new llama_model_x(`
+    in src/llama-model.cpp has matching names and a src/models/x.cpp."""
+    path = tree / "src" / "llama-model.cpp"
+    if not path.is_file():
+        return []
+    pairs = re.findall(r"case\s+(LLM_ARCH_\w+)\s*:\s*\n\s+return new (llama_model_\w+)\s*\(",
+                       path.read_text(errors="replace"))
+    errors = []
+    for arch, cls in pairs:
+        suffix, csuffix = arch[len("LLM_ARCH_"):], cls[len("llama_model_"):]
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", suffix):
+            errors.append(f"{arch}: suffix not upper snake case")
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", csuffix):
+            errors.append(f"{arch}: class suffix not lower snake case")
+        elif suffix.lower() != csuffix:
+            errors.append(f"{arch}: arch/class name mismatch ({cls})")
+        elif not (tree / "src" / "models" / (csuffix.replace("_", "-") + ".cpp")).is_file():
+            errors.append(f"{arch}: no src/models/{csuffix.replace('_', '-')}.cpp")
+    return errors
+
+
+def ty_findings(tree: Path) -> list[str] | str:
+    """`ty check` with the tree's ty.toml, as python-type-check.yml runs it; a string says
+    why it did not run."""
+    exe = shutil.which("ty", path=str(Path(sys.executable).parent)) or shutil.which("ty")
+    if exe is None:
+        return f"ty is not installed (pip install ty=={TY_VERSION})"
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.split()
+    if version[-1:] != [TY_VERSION]:
+        return f"ty {' '.join(version[1:])} is not the pinned {TY_VERSION}"
+    proc = subprocess.run([exe, "check", "--exit-zero-on-warning", "--output-format=concise",
+                           "--python", sys.prefix], cwd=tree, capture_output=True, text=True)
+    return [ln for ln in proc.stdout.splitlines() if re.match(r"^\S+:\d+:\d+: ", ln)]
+
+
+def pretokenizer_findings(tree: Path) -> list[str] | str:
+    """pre-tokenizer-hashes.yml: convert_hf_to_gguf_update.py --check-missing must leave
+    conversion/base.py as it is (the file is restored either way)."""
+    script, base_py = tree / "convert_hf_to_gguf_update.py", tree / "conversion" / "base.py"
+    if not script.is_file() or not base_py.is_file():
+        return "the tree has no convert_hf_to_gguf_update.py / conversion/base.py"
+    before = base_py.read_bytes()
+    try:
+        proc = subprocess.run([sys.executable, script.name, "--check-missing"], cwd=tree,
+                              capture_output=True, text=True, timeout=600)
+        after = base_py.read_bytes()
+    finally:
+        base_py.write_bytes(before)
+    if proc.returncode != 0:
+        return f"convert_hf_to_gguf_update.py failed (exit {proc.returncode}): {proc.stderr[-300:]}"
+    return [] if after == before else ["conversion/base.py: pre-tokenizer hashes are not up to date"]
+
+
+def tree_checks(tree: Path, files: list[str], whole: dict | None = None) -> dict[str, list[str] | str]:
+    """Upstream's no-compile PR checks on one checked-out tree: flake8 (+ flake8-no-print)
+    and the editorconfig rules on `files`; ty, model naming and pre-tokenizer hashes on the
+    whole tree (taken from `whole` when given: the same tree checked before)."""
+    if whole is None:
+        ty = ty_findings(tree)
+        whole = {"ty": [_unplaced(x) for x in ty] if isinstance(ty, list) else ty,
+                 "model-naming": model_naming_errors(tree),
+                 "pre-tokenizer": pretokenizer_findings(tree)}
+    return {
+        "flake8": [_unplaced(str(f)) for f in flake8_findings(tree, files)],
+        "editorconfig": [_unplaced(str(f)) for f in whitespace_findings(tree, files)],
+        **{k: whole[k] for k in ("ty", "model-naming", "pre-tokenizer")},
+    }
+
+
+def introduced(base: dict, patched: dict) -> dict:
+    """Per check: findings on the base, on the patched tree, and those the patch adds
+    (compared without line numbers, as multisets)."""
+    from collections import Counter
+    out = {}
+    for name in patched:
+        b, p = base.get(name), patched[name]
+        if isinstance(b, str) or isinstance(p, str):
+            out[name] = {"ran": False, "note": p if isinstance(p, str) else b}
+            continue
+        added = list((Counter(p) - Counter(b or [])).elements())
+        out[name] = {"ran": True, "base": len(b or []), "patched": len(p), "introduced": added}
+    return out
+
+
+# ------------------------------------------------------------------------- PR folders
+SMOKE_COMMAND = ".venv/bin/llamacpp-mla-port smoke"
+DESCRIPTION = "DESCRIPTION-SKELETON.md"
+EVIDENCE = "EVIDENCE.md"
+
+
+def run_evidence(stack: Stack, cwd: Path, proof: dict | None, skip: bool, log=print) -> list[dict]:
+    """Each claim of the stack with the command behind it, run from the project checkout:
+    exit status, seconds and the output's tail. The proof's own command is the `smoke` run
+    make_pr already did (its report is proof.json)."""
+    out = []
+    for ev in stack.evidence:
+        entry = {"claim": ev.claim, "command": ev.command}
+        if ev.command.strip() == SMOKE_COMMAND:
+            if proof is None or proof.get("status") == "skipped":
+                entry.update(status="not run", note="the proof was skipped (--skip-smoke)")
+            else:
+                entry.update(status="pass" if proof.get("ok") else "FAIL",
+                             note="the proof of this run: proof.json, figures in evidence.json",
+                             figures=proof_summary(proof))
+        elif skip:
+            entry.update(status="not run", note="--skip-evidence: run the command yourself")
+        else:
+            log(f"pr: evidence for {stack.name}: {ev.command}")
+            t0 = time.monotonic()
+            proc = subprocess.run(ev.command, shell=True, cwd=cwd, capture_output=True, text=True)
+            entry.update(status="pass" if proc.returncode == 0 else "FAIL", rc=proc.returncode,
+                         seconds=round(time.monotonic() - t0, 1),
+                         output_tail=(proc.stdout + proc.stderr)[-2000:])
+        out.append(entry)
+    return out
+
+
+def evidence_markdown(stack: Stack, entries: list[dict], facts: dict, upstream: dict | None = None) -> str:
+    lines = [f"# Evidence for the `{stack.name}` pull request", "",
+             "Every claim the PR makes, the command that shows it (run from the project "
+             "checkout) and what it gave in this run. Cite these, not the tool.", "",
+             f"- base: {facts['base']}", f"- commits: {len(facts['commits'])}, "
+             f"+{facts['added']}/-{facts['removed']} lines in {len(facts['files'])} files",
+             f"- applies alone on the base: {facts['applies_alone']} (patches/ and "
+             f"{stacks_mod.SQUASHED}, re-applied with `git apply`)", ""]
+    if upstream:
+        lines += ["## Upstream's PR checks, base vs this stack (`llamacpp-mla-port pr`)", "",
+                  "| check | base | patched | introduced by the stack |", "|---|---|---|---|"]
+        for name, r in upstream.items():
+            if not r["ran"]:
+                lines.append(f"| {name} | - | - | not run: {r['note']} |")
+            else:
+                intro = "; ".join(r["introduced"][:5]) or "none"
+                lines.append(f"| {name} | {r['base']} | {r['patched']} | {intro} |")
+        lines += ["", "flake8 and editorconfig: on the files the stack touches; ty, model naming "
+                  "and pre-tokenizer hashes: the whole tree.", ""]
+    for i, e in enumerate(entries, 1):
+        lines += [f"## {i}. {e['claim']}", "", "```sh", e["command"], "```", "",
+                  f"- result: **{e['status']}**" + (f" (exit {e['rc']}, {e['seconds']} s)"
+                                                    if "rc" in e else ""),
+                  *([f"- {e['note']}"] if e.get("note") else []), ""]
+        if e.get("figures"):
+            lines += ["```json", json.dumps(e["figures"], indent=2), "```", ""]
+        if e.get("output_tail"):
+            tail = e["output_tail"].strip().splitlines()[-5:]
+            lines += ["```", *tail, "```", ""]
+    return "\n".join(lines)
+
+
+def description_skeleton(template: str | None, stack: Stack, facts: dict) -> str:
+    """The PR template's sections with placeholders and the facts to draw on. It is a
+    skeleton, not a description: llama.cpp's AGENTS.md and CONTRIBUTING.md require the
+    description to be the author's own words."""
+    lines = [f"<!-- DRAFT SKELETON for the `{stack.name}` PR: replace every <...> with your own",
+             "words and delete this comment. The tool writes no PR description. -->", "",
+             f"Title: <your title; the stack's commit subject is `{stack.title}`>", ""]
+    sections = []
+    if template:
+        sections = [ln.lstrip("#").strip() for ln in _strip_comments(template).splitlines()
+                    if ln.strip().startswith("#")]
+    for title in sections or ["Overview", "Additional information", "Requirements"]:
+        lines += [f"## {title}", ""]
+        low = title.lower()
+        if low == "overview":
+            lines += ["<what this PR does and why, in your words>", ""]
+        elif low == "additional information":
+            lines += ["<related issue / discussion; how you tested it (EVIDENCE.md lists the "
+                      "commands and their results)>", ""]
+        elif low == "requirements":
+            for raw in _strip_comments(template or "").splitlines():
+                if raw.strip().startswith(("- ", "* ")):
+                    item = raw.strip()[2:].strip()
+                    if "ai usage" in item.lower():
+                        item = item.rstrip(":").rstrip() + ": <YES / NO; if YES, how AI was used>"
+                    lines.append(f"- {item}")
+            lines.append("")
+        else:
+            lines += ["<...>", ""]
+    lines += ["<!-- Facts to draw on (delete before opening the PR):",
+              f"  summary in templates/port.toml: {stack.summary or '(none)'}",
+              f"  commits ({len(facts['commits'])}, +{facts['added']}/-{facts['removed']}):",
+              *[f"    {c}" for c in facts["commits"]],
+              f"  evidence: {EVIDENCE} in this folder -->", ""]
+    return "\n".join(lines)
+
+
+def stack_checklist(template: str | None, stack: Stack, checks: dict) -> str:
+    """checklist() for one PR, with the steps only the author can take."""
+    text = checklist(template, checks)
+    own = ["## Before you open this PR (only you can do these)", "",
+           "- [ ] Rewrite every commit message and the description in your own words "
+           "(DESCRIPTION-SKELETON.md is placeholders only; AGENTS.md forbids AI-written "
+           "descriptions and commit messages)",
+           "- [ ] Reset the author to yourself: `git am patches/*.patch` (or "
+           f"`{stacks_mod.SQUASHED}`) on a branch, then "
+           "`git rebase --exec 'git commit --amend --no-edit --reset-author' <base>`",
+           "- [ ] Disclose the assistance as AGENTS.md asks: the PR template's AI usage line, "
+           "and `Assisted-by: <assistant name>` in a commit you let an assistant make "
+           "(never `Co-authored-by:`)",
+           "- [ ] Search upstream's open issues and PRs for the same change first (a feature "
+           "starts from an issue, CONTRIBUTING.md)",
+           "- [ ] Understand and be able to defend every line without help",
+           "- [ ] Open the PR yourself: the tool never pushes or submits anything", ""]
+    return text.replace("## The tree's pull request template", "\n".join(own) +
+                        "\n## The tree's pull request template", 1)
+
+
+def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: Path, pin,
+                       series, commits: list[CommitCheck], proof: dict, template: str | None,
+                       opts: "PrOptions", patches_match: bool, upstream: dict | None,
+                       log=print) -> dict:
+    """<work-dir>/pr/<stack>/: patches/, squashed.patch, checks.json, EVIDENCE.md,
+    evidence.json, DESCRIPTION-SKELETON.md, CHECKLIST.md (rewritten whole)."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    stacks_mod.export_stack(repo, rs, folder, pin, series)
+    applied = stacks_mod.verify(repo, rs, folder)
+    stat = stacks_mod.diffstat(repo, rs.base, rs.head)
+    patch_files = series_mod_read(folder / "patches") + [folder / stacks_mod.SQUASHED]
+    style_findings = {p.name: [str(f) for f in style.patch_findings(p.read_text())]
+                      for p in patch_files}
+    findings = [f for c in commits for f in c.findings]
+    facts = {"base": f"{pin.tag} ({pin.commit}), work-tree base {rs.base}",
+             "commits": [c.message.split("\n", 1)[0] for c in rs.commits],
+             "applies_alone": applied["applies_alone"], **stat}
+    entries = run_evidence(rs.stack, opts.templates_dir.parent, proof, opts.skip_evidence, log)
+    checks = {
+        "patches_match": patches_match,
+        "builds": None if opts.skip_build else all(c.build_ok for c in commits),
+        "build_note": ("skipped (--skip-build)" if opts.skip_build else
+                       f"{len(commits)} commits alone on the base, targets "
+                       f"{' '.join(opts.targets)}"),
+        "flake8": not any(f.check == "flake8" for f in findings),
+        "whitespace": not any(f.check == "editorconfig" for f in findings),
+        "proof": (proof.get("ok") if any(e["command"].strip() == SMOKE_COMMAND for e in entries)
+                  else None),
+        "style": not any(style_findings.values()),
+        "applies_alone": applied["applies_alone"],
+        "evidence": (None if all(e["status"] == "not run" for e in entries) else
+                     not any(e["status"] == "FAIL" for e in entries)),
+        "upstream_checks": (None if not upstream else
+                            not any(v.get("introduced") for v in upstream.values())),
+    }
+    ok = all(v is not False for k, v in checks.items() if k != "build_note")
+    result = {"ok": ok, "stack": rs.stack.name, "title": rs.stack.title, "folder": str(folder),
+              "checks": checks, "facts": facts, "style": style_findings,
+              "commits": [{**asdict(c), "ok": c.ok, "findings": [asdict(f) for f in c.findings]}
+                          for c in commits],
+              "head": rs.head, "squashed": rs.squashed, "upstream_checks": upstream}
+    (folder / "checks.json").write_text(json.dumps(result, indent=2) + "\n")
+    (folder / "evidence.json").write_text(json.dumps(entries, indent=2) + "\n")
+    (folder / EVIDENCE).write_text(evidence_markdown(rs.stack, entries, facts, upstream))
+    (folder / DESCRIPTION).write_text(description_skeleton(template, rs.stack, facts))
+    (folder / "CHECKLIST.md").write_text(stack_checklist(template, rs.stack, checks))
+    log(f"pr: {folder} ({'ok' if ok else 'SOME CHECKS FAIL'}): {len(rs.shas)} commits, "
+        f"+{stat['added']}/-{stat['removed']}")
+    return {"ok": ok, "folder": str(folder), "checks": checks, "added": stat["added"],
+            "removed": stat["removed"], "commits": facts["commits"],
+            "evidence": [{k: e[k] for k in ("claim", "command", "status")} for e in entries]}
+
+
+def series_mod_read(patches_dir: Path) -> list[Path]:
+    from llamacpp_mla_port.series.gitseries import read_series
+    return read_series(patches_dir)
+
+
 # ------------------------------------------------------------------------------ the kit
 @dataclass
 class PrOptions:
@@ -251,6 +538,9 @@ class PrOptions:
     skip_build: bool = False
     skip_smoke: bool = False
     smoke_args: tuple[str, ...] = ()
+    skip_evidence: bool = False          # do not run the stacks' evidence commands
+    upstream_checks: bool = True         # ty, model naming, pre-tokenizer: base vs patched
+    stacks: tuple[str, ...] = ()         # only these stacks (default: all)
 
     def __post_init__(self) -> None:
         self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
@@ -274,9 +564,31 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     build_dir = Path(opts.build_dir) if opts.build_dir else ws.work_dir / "pr" / "build"
     if build is None and not opts.skip_build:
         build = _default_build(opts.jobs)
-    commits = check_commits(ws.tree, base, head,
-                            ws.work_dir / "pr" / "llama.cpp", build_dir, list(opts.targets),
-                            None if opts.skip_build else build, log)
+    series = load_series(opts.templates_dir)
+    unknown = sorted(set(opts.stacks) - {st.name for st in series.stacks})
+    if unknown:
+        raise SeriesError(f"no PR stack {', '.join(unknown)} in templates/port.toml",
+                          f"stacks: {', '.join(st.name for st in series.stacks)}")
+    rendered = stacks_mod.render_stacks(repo, series, base, f"{pin.tag} ({pin.commit[:12]})",
+                                        {"pin": pin}, list(opts.stacks) or None)
+    per_stack: dict[str, list[CommitCheck]] = {}
+    upstream_checks: dict[str, dict] = {}
+    checkout = ws.work_dir / "pr" / "llama.cpp"
+    base_checks: dict | None = None
+    for rs in rendered:
+        log(f"pr: stack {rs.stack.name}: {len(rs.shas)} commits alone on the base")
+        per_stack[rs.stack.name] = check_commits(
+            ws.tree, base, rs.head, checkout, build_dir,
+            list(opts.targets), None if opts.skip_build else build, log)
+        if opts.upstream_checks:
+            files = sorted({f for c in per_stack[rs.stack.name] for f in c.files})
+            log(f"pr: upstream's checks on {rs.stack.name} (patched)")
+            patched = tree_checks(checkout, files)
+            gitutil.run(checkout, "checkout", "-q", "-f", "--detach", base)
+            log(f"pr: upstream's checks on {rs.stack.name} (base)")
+            base_checks = tree_checks(checkout, files, base_checks)
+            upstream_checks[rs.stack.name] = introduced(base_checks, patched)
+    commits = [c for cs in per_stack.values() for c in cs]
     proof = {"ok": None, "status": "skipped"} if opts.skip_smoke else \
         smoke(ws.tree, ws.build_dir, list(opts.smoke_args), log)
 
@@ -285,7 +597,8 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
         "patches_match": drift == "",
         "builds": None if opts.skip_build else all(c.build_ok for c in commits),
         "build_note": ("skipped (--skip-build)" if opts.skip_build else
-                       f"{len(commits)} commits, targets {' '.join(opts.targets)}"),
+                       f"{len(commits)} commits, each stack's in order from the base, targets "
+                       f"{' '.join(opts.targets)}"),
         "flake8": not any(f.check == "flake8" for f in findings),
         "whitespace": not any(f.check == "editorconfig" for f in findings),
         "proof": proof.get("ok"),
@@ -328,9 +641,21 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     template = gitutil.read_blob(repo, base, ".github/pull_request_template.md")
     (evidence / "CHECKLIST.md").write_text(
         checklist(template.decode("utf-8") if template is not None else None, checks))
+    template_text = template.decode("utf-8") if template is not None else None
+    pr_folders = {}
+    for rs in rendered:
+        entry = write_stack_folder(repo, rs, ws.work_dir / "pr" / rs.stack.name, pin, series,
+                                   per_stack[rs.stack.name], proof, template_text, opts,
+                                   drift == "", upstream_checks.get(rs.stack.name), log)
+        pr_folders[rs.stack.name] = entry
+        if not entry["ok"]:
+            results["ok"] = False
+    results["stacks"] = pr_folders
+    (evidence / "checks.json").write_text(json.dumps(results, indent=2) + "\n")
     skipped = [k for k, v in checks.items() if v is None]
     verdict = "all checks that ran pass" if results["ok"] else "SOME CHECKS FAIL"
     log(f"pr: evidence in {evidence} ({verdict}"
         f"{'; skipped: ' + ', '.join(skipped) if skipped else ''}; complete CHECKLIST.md "
-        "yourself); nothing was pushed")
+        "yourself); PR folders: " + ", ".join(str(ws.work_dir / "pr" / n) for n in pr_folders)
+        + "; nothing was pushed")
     return {"evidence": evidence, **results}

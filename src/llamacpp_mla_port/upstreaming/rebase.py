@@ -36,7 +36,7 @@ import jinja2
 
 from llamacpp_mla_port import gitutil, project
 from llamacpp_mla_port.errors import AnchorError, PinError, PortError, WorkTreeError
-from llamacpp_mla_port.series import pipeline, gitseries as series_mod
+from llamacpp_mla_port.series import pipeline, gitseries as series_mod, stacks as stacks_mod
 from llamacpp_mla_port.series.spec import Change, Series, load_series
 from llamacpp_mla_port.source import obtain
 from llamacpp_mla_port.source.pin import Pin, load_pin
@@ -303,6 +303,8 @@ class Outcome:
     patches: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     head: str | None = None      # the rendered series' last commit in the cache repo
+    #: canary: each PR stack rendered and applied alone on the new base (stacks.try_stacks)
+    stacks: list[dict] = field(default_factory=list)
 
     @property
     def first_failure(self) -> ChangeReport | None:
@@ -319,6 +321,7 @@ class Outcome:
             "merged_upstream": [dataclasses.asdict(c) for c in self.changes if c.status == MERGED],
             "changes": [dataclasses.asdict(c) for c in self.changes],
             "range_diff": self.range_diff, "patches": self.patches, "notes": self.notes,
+            "stacks": self.stacks,
         }
 
 
@@ -452,8 +455,12 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
         if opts.canary or rel == "same":
             if opts.canary and opts.patches_out is not None:
                 series_mod.install(Path(tmp), opts.patches_out)
-            return outcome(True, "canary-ok" if opts.canary else "up-to-date",
-                           range_diff=range_diff, patches=patches, head=new_shas[-1])
+            tried = stacks_mod.try_stacks(cache, series, target.base.sha, target.label,
+                                          {"pin": new_pin}, export_pin) if opts.canary else []
+            ok = all(t["ok"] for t in tried)
+            return outcome(ok, ("canary-ok" if ok else "stack-conflict") if opts.canary
+                           else "up-to-date", range_diff=range_diff, patches=patches,
+                           head=new_shas[-1], stacks=tried)
         pin_path = opts.templates_dir / "pin.toml"
         write_pin(pin_path, pin_text(pin, new_pin, pin_path.read_text()))
         series_mod.install(Path(tmp), opts.patches_dir)
@@ -512,6 +519,14 @@ def format_text(o: Outcome) -> str:
         out.append("the pin is already at that commit: nothing to do")
     elif o.status == "canary-ok":
         out.append(f"canary: the series renders at {o.onto['tag']}; nothing was written")
+    elif o.status == "stack-conflict":
+        bad = [t["stack"] for t in o.stacks if not t["ok"]]
+        out.append(f"canary: the series renders at {o.onto['tag']}, but PR stack(s) "
+                   f"{', '.join(bad)} do not apply alone there; nothing was written")
+    for t in o.stacks:
+        what = (f"{len(t['commits'])} commits, +{t['added']}/-{t['removed']}, applies alone "
+                "(patches and squashed)" if t["ok"] else f"FAILED: {t['message']}")
+        out.append(f"  stack {t['stack']:<12} {what}")
     if o.range_diff:
         out.append("git range-diff (old series vs new series):")
         out.append(o.range_diff)

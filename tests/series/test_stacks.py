@@ -1,0 +1,189 @@
+"""PR stacks (templates/port.toml [stacks], commit.toml `stack`) and upstream's style rules
+for the series (style.py): every stack renders and applies alone on the pinned base, in
+both forms, byte-reproducibly; a commit outside every stack is an error naming it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.errors import AnchorError, PortDescriptionError
+from llamacpp_mla_port.series import stacks
+from llamacpp_mla_port.series.spec import load_series
+from llamacpp_mla_port.source import obtain as upstream
+from llamacpp_mla_port.upstreaming import style
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATES_DIR, PATCHES_DIR = REPO / "templates", REPO / "patches"
+
+
+@pytest.fixture(scope="module")
+def base(pin, sdist_tarball):
+    return upstream.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
+
+
+def _render_all(base, pin, out: Path, templates: Path = TEMPLATES_DIR) -> list:
+    repo = upstream.cache_repo()
+    series = load_series(templates)
+    done = []
+    for rs in stacks.render_stacks(repo, series, base.sha, pin.tag, {"pin": pin}):
+        folder = out / rs.stack.name
+        folder.mkdir(parents=True)
+        stacks.export_stack(repo, rs, folder, pin, series)
+        stacks.verify(repo, rs, folder)
+        done.append(rs)
+    return done
+
+
+# -------------------------------------------------------------------------------- stacks
+def test_every_commit_is_in_one_stack_and_the_stacks_cover_the_series():
+    series = load_series(TEMPLATES_DIR)
+    names = [s.name for s in series.stacks]
+    assert names == ["rpc", "pair-check", "mla-draft"]
+    members = [slug for s in series.stacks for slug in s.commits]
+    assert sorted(members) == sorted(c.slug for c in series.commits)
+    assert len(members) == len(set(members))
+    for s in series.stacks:
+        assert style.subject_findings(s.title) == [], s.title
+        assert s.evidence, f"stack {s.name} lists no evidence"
+
+
+def test_each_stack_applies_alone_on_the_pin_in_both_forms(base, pin, tmp_path):
+    rendered = _render_all(base, pin, tmp_path / "a")
+    repo = upstream.cache_repo()
+    for rs in rendered:
+        folder = tmp_path / "a" / rs.stack.name
+        squashed = (folder / stacks.SQUASHED).read_text()
+        assert squashed.count("\nSubject: ") == 1
+        assert style.split_patch(squashed)[0] == rs.stack.title
+        assert len((folder / "patches" / "series").read_text().split()) \
+            == len(rs.stack.commits)
+        # the squashed commit and the stack's head hold the same tree, on the base
+        assert gitutil.run(repo, "rev-parse", f"{rs.squashed}^{{tree}}") == \
+            gitutil.run(repo, "rev-parse", f"{rs.head}^{{tree}}")
+        assert gitutil.run(repo, "rev-parse", f"{rs.squashed}^") == base.sha
+        for p in sorted((folder / "patches").glob("*.patch")) + [folder / stacks.SQUASHED]:
+            assert style.patch_findings(p.read_text()) == [], p.name
+    # the stacks together touch what the series touches, and nothing twice the same way
+    got = sorted(f for rs in rendered for f in stacks.diffstat(repo, base.sha, rs.head)["files"])
+    series_files = set()
+    for c in load_series(TEMPLATES_DIR).commits:
+        series_files |= {ch.file for ch in c.changes}
+    assert set(got) == series_files
+
+
+def test_stacks_render_byte_identically_twice(base, pin, tmp_path):
+    _render_all(base, pin, tmp_path / "a")
+    _render_all(base, pin, tmp_path / "b")
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert files
+    for rel in files:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+
+
+def test_a_commit_in_no_stack_is_an_error_naming_it(tmp_path):
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES_DIR, templates)
+    new = templates / "series" / "01-ggml-cpu-something"
+    shutil.copytree(templates / "series" / "20-graph-k-only-mask-check", new)
+    toml = new / "commit.toml"
+    toml.write_text(toml.read_text().replace('stack = "mla-draft"\n', ""))
+    with pytest.raises(PortDescriptionError, match="series/01-ggml-cpu-something belongs to no "
+                                                   "PR stack") as err:
+        load_series(templates)
+    assert "rpc, pair-check, mla-draft" in err.value.hint
+    toml.write_text('stack = "ggml-cpu"\n' + toml.read_text())
+    with pytest.raises(PortDescriptionError, match="stack 'ggml-cpu' is not defined"):
+        load_series(templates)
+    # a new stack in port.toml makes it a fourth PR of its own, in port.toml's order
+    port = templates / "port.toml"
+    port.write_text(port.read_text() + '\n[stacks.ggml-cpu]\ntitle = "ggml-cpu : a demo"\n')
+    series = load_series(templates)
+    assert [s.name for s in series.stacks][-1] == "ggml-cpu"
+    assert series.stack("ggml-cpu").commits == ("01-ggml-cpu-something",)
+
+
+def test_a_stack_that_leans_on_another_fails_naming_the_stack(base, pin, tmp_path):
+    """Put the K-only mask guard (mla-draft) into the pair-check stack, and make the MLA
+    backbone anchor on it: the mla-draft stack no longer renders alone."""
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES_DIR, templates)
+    toml = templates / "series" / "20-graph-k-only-mask-check" / "commit.toml"
+    toml.write_text(toml.read_text().replace('stack = "mla-draft"', 'stack = "pair-check"'))
+    guard = (templates / "series" / "20-graph-k-only-mask-check" / "attn-k-set-input-mask.cpp.j2") \
+        .read_text()
+    lean = templates / "series" / "21-model-dflash-mla-backbone" / "commit.toml"
+    lean.write_text(lean.read_text() + f'''
+[[change]]
+file = "src/llama-graph.cpp"
+anchor = """
+{guard}"""
+placement = "after"
+template = "models-h-graph-mla.h.j2"
+''')
+    repo = upstream.cache_repo()
+    series = load_series(templates)
+    with pytest.raises(AnchorError, match="PR stack 'mla-draft' does not render alone"):
+        stacks.render_stack(repo, series, series.stack("mla-draft"), base.sha, pin.tag,
+                            {"pin": pin})
+    # the canary's view: one entry per stack, the failing one names why
+    tried = {t["stack"]: t for t in stacks.try_stacks(repo, series, base.sha, pin.tag, {"pin": pin}, pin)}
+    assert tried["rpc"]["ok"] and tried["pair-check"]["ok"] and not tried["mla-draft"]["ok"]
+    assert "does not render alone" in tried["mla-draft"]["message"]
+
+
+def test_the_canary_tries_every_stack_of_the_real_series(base, pin):
+    tried = stacks.try_stacks(upstream.cache_repo(), load_series(TEMPLATES_DIR), base.sha, pin.tag,
+                              {"pin": pin}, pin)
+    assert [t["stack"] for t in tried] == ["rpc", "pair-check", "mla-draft"]
+    assert all(t["ok"] and t["added"] > 0 for t in tried), tried
+
+
+# --------------------------------------------------------------------------------- style
+def test_checked_in_series_keeps_upstreams_style():
+    names = (PATCHES_DIR / "series").read_text().split()
+    assert names
+    for name in names:
+        assert style.patch_findings((PATCHES_DIR / name).read_text()) == [], name
+
+
+@pytest.mark.parametrize("subject, rule", [
+    ("ggml-rpc : exit with a message when a server is lost, refuse foreign peers", "length"),
+    ("model : dflash: refuse a draft", "prefix"),
+    ("docs : speculative : MLA drafts", "prefix"),
+    ("add an MLA backbone", "prefix"),
+    ("Model: add an MLA backbone", "prefix"),
+    ("model : add an MLA backbone \u2014 for drafts", "ascii"),
+])
+def test_bad_subjects_are_found(subject, rule):
+    assert rule in [f.rule for f in style.subject_findings(subject)]
+
+
+def test_good_subjects_pass():
+    for s in ("rpc : do not abort when the server fails", "gguf-py : add MLA tensors",
+              "context : check a DFlash draft against its target"):
+        assert style.subject_findings(s) == [], s
+
+
+def _patch(path: str, added: list[str], body: str = "Why.\n") -> str:
+    hunk = "".join(f"+{ln}\n" for ln in added)
+    return (f"From 0 Mon Sep 17 00:00:00 2001\nFrom: a <a@b>\nSubject: [PATCH] model : demo\n\n"
+            f"{body}---\n {path} | 1 +\n\ndiff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n"
+            f"@@ -1,1 +1,{len(added) + 1} @@\n x\n{hunk}")
+
+
+def test_long_comments_and_non_ascii_added_lines_are_found():
+    three = ["// one", "// two", "// three", "int x = 0;"]
+    found = style.patch_findings(_patch("src/a.cpp", three))
+    assert [(f.rule, f.where) for f in found] == [("comment", "src/a.cpp:2")]
+    assert style.patch_findings(_patch("src/a.cpp", ["// one", "// two", "int x;"])) == []
+    py = style.patch_findings(_patch("a.py", ["    # one", "    # two", "    # three", "x = 1"]))
+    assert [f.rule for f in py] == ["comment"]
+    assert style.patch_findings(_patch("doc.md", ["# a", "# b", "# c"])) == []   # not code
+    arrow = style.patch_findings(_patch("src/a.cpp", ["int x; // a \u2192 b"]))
+    assert [f.rule for f in arrow] == ["ascii"] and "U+2192" in arrow[0].message
+    long_body = style.patch_findings(_patch("src/a.cpp", ["int x;"], "line\n" * 13))
+    assert [f.rule for f in long_body] == ["length"]
