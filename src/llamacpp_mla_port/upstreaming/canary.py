@@ -31,10 +31,10 @@ from pathlib import Path
 import git
 
 from llamacpp_mla_port import build as build_mod, gitutil, project
-from llamacpp_mla_port.errors import PatchApplyError, PortError
-from llamacpp_mla_port.series import pipeline, gitseries as series_mod
+from llamacpp_mla_port.errors import PatchApplyError, PortError, SeriesError
+from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.spec import load_series
-from llamacpp_mla_port.series.worktree import Workspace
+from llamacpp_mla_port.series.worktree import Workspace, apply_series
 from llamacpp_mla_port.source.obtain import cache_repo
 from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.upstreaming.rebase import MERGED, RebaseOptions, rebase
@@ -177,25 +177,18 @@ def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
     repo = ws.ensure(target.base, target.commit or target.tag, log)
     ws.require_clean(repo)
     touched = {f["path"] for p in _manifest(opts.canary_dir / "patches") for f in p["files"]}
-    touched |= set(gitutil.run(repo, "diff", "--name-only", f"{target.base.sha}..HEAD").split())
-    kept = pipeline.content_stamps(ws.tree, touched)
-    ws.save_state(status="applying", head=None)
+    want = gitutil.run(cache_repo(), "rev-parse", f"{outcome.head}^{{tree}}")
     try:
-        head = series_mod.apply(repo, target.base.sha, series.branch, patches, series)
+        head = apply_series(ws, repo, target.base.sha, series, patches, touched, want)
     except PatchApplyError as err:
-        ws.save_state(status="base", head=None)
         d = err.details
         raise _Failed({"message": f"`git am -3` rejected {d.get('patch', 'a patch')}"
                                   + (f" at {d['file']}:{d['line']}" if "file" in d and "line" in d else ""),
                        "patch": d.get("patch"), "subject": d.get("subject"), "file": d.get("file"),
                        "line": d.get("line"), "hunk": d.get("hunk"), "output": d.get("output")})
-    pipeline.restore_unchanged_mtimes(ws.tree, kept)
-    ws.save_state(status="applied", head=head)
-    want = gitutil.run(cache_repo(), "rev-parse", f"{outcome.head}^{{tree}}")
-    got = gitutil.run(repo, "rev-parse", "HEAD^{tree}")
-    if got != want:
-        raise _Failed({"message": f"the applied series gives tree {got}, the rendered one {want}",
-                       "patch": None, "file": None, "line": None, "hunk": None})
+    except SeriesError as err:
+        raise _Failed({"message": err.message, "patch": None, "file": None, "line": None,
+                       "hunk": None})
     return {"patches": len(patches), "head": head}
 
 
