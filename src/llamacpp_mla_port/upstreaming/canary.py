@@ -36,6 +36,7 @@ from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.series.worktree import Workspace, apply_series
 from llamacpp_mla_port.source.obtain import cache_repo
+from llamacpp_mla_port.stages import StageFailed, Stages
 from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.upstreaming.rebase import MERGED, RebaseOptions, rebase
 from llamacpp_mla_port.upstreaming.targets import Target
@@ -75,10 +76,7 @@ class CanaryOptions:
         self.canary_dir = (Path(self.canary_dir) if self.canary_dir else default_canary_dir()).absolute()
 
 
-class _Failed(Exception):
-    def __init__(self, evidence: dict):
-        super().__init__(evidence.get("message", ""))
-        self.evidence = evidence
+_Failed = StageFailed
 
 
 def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
@@ -98,34 +96,26 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
              ("build", lambda: _build(opts, ws, state))]
     if opts.prove:
         steps.append(("proof", lambda: _prove(opts, ws, log)))
-    for name, fn in steps:
-        t0 = time.monotonic()
-        try:
-            entry = {"ok": True, **(fn() or {})}
-        except _Failed as failed:
-            entry = {"ok": False, **failed.evidence}
-        except PortError as err:
-            entry = {"ok": False, "message": err.message, "hint": err.hint,
-                     "kind": type(err).__name__}
-        entry["seconds"] = round(time.monotonic() - t0, 1)
-        report["stages"][name] = entry
+
+    def ended(name: str, entry: dict) -> None:
         if name == "obtain" and "target" in state:
             report["onto"] = state["onto"]
         if on_stage:
             on_stage(name, entry)
-        if not entry["ok"]:
-            report["stage"] = name
-            evidence = {k: v for k, v in entry.items() if k not in ("ok", "seconds", "figures")}
-            report["failure"] = {"stage": name, **evidence}
-            break
-    else:
+
+    runner = Stages(report["stages"], stop_on_failure=True, merge=True, log=ended)
+    for name, fn in steps:
+        runner.run(name, fn)
+    if runner.failed is None:
         report["ok"] = True
         report["stage"] = "ok"
-    for name, _ in steps:
-        if name not in report["stages"]:
-            report["stages"][name] = {"ok": None, "skipped": f"the {report['stage']} stage failed"}
-            if on_stage:
-                on_stage(name, report["stages"][name])
+    else:
+        name = runner.failed
+        report["stage"] = name
+        evidence = {k: v for k, v in report["stages"][name].items()
+                    if k not in ("ok", "seconds", "figures")}
+        report["failure"] = {"stage": name, **evidence}
+    runner.skip_rest(name for name, _ in steps)
     report["seconds"] = round(time.monotonic() - started, 1)
     return report
 
