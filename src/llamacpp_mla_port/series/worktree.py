@@ -193,6 +193,20 @@ class Workspace:
                 "branch only")
 
 
+def require_applied(tree: Path) -> None:
+    """Refuse to build a tool-owned tree whose series is not fully applied (its recorded
+    state is `applying` or `base`): the build would compile a half-applied series. A tree the
+    tool does not own (no state file, e.g. `--tree` on a clone of your own) is built as is."""
+    ws = Workspace(Path(tree).absolute().parent)
+    if Path(tree).absolute() != ws.tree or not ws.state_path.is_file():
+        return
+    status = ws.state().get("status")
+    if status != "applied":
+        raise WorkTreeError(f"{ws.tree} is not patched: its recorded state is {status!r} "
+                            "(the series is not, or only partly, applied)",
+                            "run `make patch` (it re-applies the series), then `make build`")
+
+
 def apply_series(ws: Workspace, repo: git.Repo, base_sha: str, series: Series,
                  patches: list[Path], touched: set[str], want_tree: str) -> str:
     """The one apply transaction (`make patch` and the canary): `git am -3` the patches onto
