@@ -31,13 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
+from llamacpp_mla_port.build import TARGET_SETS
 from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.stages import Stages
 
 #: what a stage needs from earlier ones (a --stages subset runs these too)
 NEEDS = {"floors": {"models"}, "kv": {"models"}, "passes": {"models", "floors"}, "torch": {"models", "kv", "passes"}}
 
-BENCH_TARGETS = ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs", "llama-quantize")
+BENCH_TARGETS = TARGET_SETS["bench"]       # build.TARGET_SETS: the one table
 INJECT_SIZES = (1, 64, 512)
 BLOCK = 7
 BLOCK_CTX = 512

@@ -20,10 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from llamacpp_mla_port.build import TARGET_SETS
 from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.stages import Stages
 
-SMOKE_TARGETS = ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs")
+SMOKE_TARGETS = TARGET_SETS["smoke"]       # build.TARGET_SETS: the one table
 
 
 def _log(msg: str) -> None:

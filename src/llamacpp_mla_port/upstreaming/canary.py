@@ -183,9 +183,9 @@ def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
 
 
 def _build(opts: CanaryOptions, ws: Workspace, state: dict) -> dict:
-    from llamacpp_mla_port.proof.smoke import SMOKE_TARGETS
+    targets = build_mod.TARGET_SETS["smoke"]     # the proof's targets
     try:
-        build_mod.ensure_build(ws.tree, ws.build_dir, SMOKE_TARGETS, opts.cmake_args, opts.jobs,
+        build_mod.ensure_build(ws.tree, ws.build_dir, targets, opts.cmake_args, opts.jobs,
                                echo=False, rpc=opts.rpc)
     except PortError as err:
         log_path = ws.build_dir / build_mod.LOG_NAME
@@ -197,7 +197,7 @@ def _build(opts: CanaryOptions, ws: Workspace, state: dict) -> dict:
             evidence["written_by"] = _blame(ws, first["file"], first["line"])
             evidence["message"] = f"{first['file']}:{first['line']}: {first['message']}"
         raise _Failed(evidence) from None
-    return {"targets": list(SMOKE_TARGETS)}
+    return {"targets": list(targets)}
 
 
 def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:
