@@ -66,3 +66,25 @@ def test_the_build_verb_defaults_to_the_shared_configuration():
     verb.configure(parser)
     assert parser.parse_args([]).rpc is True
     assert parser.parse_args(["--no-rpc"]).rpc is False
+
+
+@pytest.mark.parametrize("status", ["applying", "base", None])
+def test_build_refuses_a_half_applied_work_tree(tmp_path, capsys, status):
+    from llamacpp_mla_port.cli import main
+    from llamacpp_mla_port.series.worktree import Workspace
+    ws = Workspace(tmp_path / "work")
+    ws.state_path.parent.mkdir(parents=True)
+    ws.save_state(base="0" * 40, head=None, **({"status": status} if status else {}))
+    assert main(["build", "--work-dir", str(ws.work_dir), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"recorded state is {status!r}" in err and "make patch" in err
+    assert not ws.build_dir.exists()          # refused before CMake ran
+
+
+def test_build_accepts_a_tree_the_tool_does_not_own(tmp_path):
+    from llamacpp_mla_port.series.worktree import require_applied
+    (tmp_path / "llama.cpp" / ".git").mkdir(parents=True)
+    require_applied(tmp_path / "llama.cpp")                  # no state file: the user's tree
+    ws_state = tmp_path / "llama.cpp" / ".git" / "llamacpp-mla-port.json"
+    ws_state.write_text('{"status": "applied", "head": "1"}')
+    require_applied(tmp_path / "llama.cpp")

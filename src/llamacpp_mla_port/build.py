@@ -27,16 +27,24 @@ from typing import Iterable, Sequence
 
 from llamacpp_mla_port.errors import BuildError
 
-#: What the job (server/cli), the proof (speculative-simple, simple), the tests
-#: (test-llama-archs writes the tiny Kimi-K3 target) and the RPC tests (ggml-rpc-server) need.
-DEFAULT_TARGETS: tuple[str, ...] = (
-    "llama-server",
-    "llama-cli",
-    "llama-speculative-simple",
-    "llama-simple",
-    "test-llama-archs",
-    "ggml-rpc-server",
-)
+#: Every set of targets a caller builds, in one table (the views below name them). All of
+#: them are built in the one CMake configuration (RPC on), so one build dir serves them all.
+TARGET_SETS: dict[str, tuple[str, ...]] = {
+    # the job (server/cli), the proof (speculative-simple, simple), the tests (test-llama-archs
+    # writes the tiny Kimi-K3 target) and the RPC tests (ggml-rpc-server): `make build`
+    "job": ("llama-server", "llama-cli", "llama-speculative-simple", "llama-simple",
+            "test-llama-archs", "ggml-rpc-server"),
+    # the server each RPC host runs (left out when the RPC backend is off)
+    "rpc": ("ggml-rpc-server",),
+    # the whole proof (`smoke`) and the canary's build stage
+    "smoke": ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs"),
+    # the bench: the proof's targets and the quantizer of the real-size draft
+    "bench": ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs",
+              "llama-quantize"),
+    # what every commit of the upstream series must build (`pr`)
+    "pr": ("test-llama-archs", "llama-speculative-simple", "llama-server"),
+}
+DEFAULT_TARGETS: tuple[str, ...] = TARGET_SETS["job"]
 
 #: Options every configure gets; user --cmake-arg values come after and win.
 BASE_CMAKE_ARGS: tuple[str, ...] = (
@@ -56,7 +64,7 @@ BASE_CMAKE_ARGS: tuple[str, ...] = (
 #: recompiles everything: it is on in the one configuration that `make build`, the tests,
 #: smoke, bench and the canary share (rpc=False, `build --no-rpc`, only for a build dir of its own).
 RPC_CMAKE_ARGS: tuple[str, ...] = ("-DGGML_RPC=ON",)
-RPC_TARGETS: tuple[str, ...] = ("ggml-rpc-server",)
+RPC_TARGETS: tuple[str, ...] = TARGET_SETS["rpc"]
 
 LOG_NAME = "llamacpp-mla-port-build.log"
 ARGS_NAME = "llamacpp-mla-port-cmake-args.txt"

@@ -18,6 +18,15 @@ from pathlib import Path
 
 from llamacpp_mla_port.errors import ProjectError
 
+#: the one environment prefix; OLD_ENV_PREFIX names are still read (after the new ones)
+ENV_PREFIX, OLD_ENV_PREFIX = "MLA_PORT_", "LLAMACPP_MLA_PORT_"
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """$MLA_PORT_<name>, else the old $LLAMACPP_MLA_PORT_<name>, else `default` (empty = unset)."""
+    return os.environ.get(ENV_PREFIX + name) or os.environ.get(OLD_ENV_PREFIX + name) or default
+
+
 ENV_VAR = "MLA_PORT_PROJECT"
 #: what makes a folder a checkout of this project
 MARKERS = ("templates/pin.toml", "templates/series")

@@ -3,7 +3,7 @@
 Every test runs the PATCHED tree's own convert_hf_to_gguf.py (the `patched_tree` fixture;
 MLA_PORT_TREE points it at a development tree) with the tree's gguf-py, and reads the GGUF
 back with the PyPI gguf reader by explicit key and tensor names. The expected names,
-shapes and values are those of shared/spec/draft-model.md and the GGUF contract
+shapes and values are those of docs/spec/draft-model.md and the GGUF contract
 (scratch notes gguf-contract.md): 7 global + 13 per layer tensors, kv_b split per head.
 
 --target-model-dir is satisfied offline by fixtures.checkpoint.write_target_tokenizer_dir:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.gguf import contract
 
 #: per-layer draft tensors the block reads whole (GGUF names after blk.N.)
 BLOCK_LAYER_TENSORS = ("attn_norm", "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm",
@@ -118,7 +119,7 @@ def _row_bytes(t: TensorInfo, rows: int) -> int:
 def block_work(draft: Path, target: Path, n_block: int = 7, n_ctx: int = 512, cache_bytes_per_value: float = 2.0,
                tables=None) -> PassWork:
     d, t = tables or (tensor_table(draft), tensor_table(target))
-    arch = "dflash"
+    arch = contract.ARCH
     n_layer = int(_meta(draft, f"{arch}.block_count"))
     n_head = int(_meta(draft, f"{arch}.attention.head_count"))
     kv_width = int(_meta(draft, f"{arch}.attention.key_length"))           # kv_lora + rope

@@ -27,20 +27,25 @@ import statistics
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
 
-from llamacpp_mla_port.errors import PortError, ProofError
+from llamacpp_mla_port.build import TARGET_SETS
+from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.stages import Stages
 
 #: what a stage needs from earlier ones (a --stages subset runs these too)
 NEEDS = {"floors": {"models"}, "kv": {"models"}, "passes": {"models", "floors"}, "torch": {"models", "kv", "passes"}}
 
-BENCH_TARGETS = ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs", "llama-quantize")
+BENCH_TARGETS = TARGET_SETS["bench"]       # build.TARGET_SETS: the one table
 INJECT_SIZES = (1, 64, 512)
 BLOCK = 7
 BLOCK_CTX = 512
+
+
+def _stage_line(name: str, st: dict) -> None:
+    _log(f"stage {name}: {'ok' if st['ok'] else 'FAILED: ' + st['error']} ({st['seconds']} s)")
 
 
 def _log(msg: str) -> None:
@@ -67,19 +72,8 @@ class Bench:
     def stage(self, name: str, fn) -> None:
         if self.stages is not None and name not in self.stages:
             return
-        t0 = time.monotonic()
         _log(f"stage {name} ...")
-        try:
-            fn()
-            self.report["stages"][name] = {"ok": True, "seconds": round(time.monotonic() - t0, 1)}
-        except PortError as err:
-            self.report["stages"][name] = {"ok": False, "error": str(err), "seconds": round(time.monotonic() - t0, 1)}
-        except Exception as err:     # a bug: keep the traceback, let the other stages run
-            self.report["stages"][name] = {"ok": False, "error": f"{type(err).__name__}: {err}",
-                                           "traceback": traceback.format_exc()[-3000:],
-                                           "seconds": round(time.monotonic() - t0, 1)}
-        st = self.report["stages"][name]
-        _log(f"stage {name}: {'ok' if st['ok'] else 'FAILED: ' + st['error']} ({st['seconds']} s)")
+        Stages(self.report["stages"], log=_stage_line).run(name, fn)
         self.save()
 
     def save(self) -> None:

@@ -1,6 +1,6 @@
 """The Kimi-K3-DSpark draft in plain PyTorch: what a user would run on CPU without llama.cpp.
 
-Written from shared/spec/draft-model.md like proof/reference/model.py, but the way a PyTorch user
+Written from docs/spec/draft-model.md like proof/reference/model.py, but the way a PyTorch user
 runs a model: BF16 weights straight from the checkpoint, BF16 activations, torch's own
 linear/einsum/softmax kernels, the latent (kv_lora + rope) rows cached per layer and the
 absorbed attention (q_nope . k_b against the latent, v_b after the attention), the target's

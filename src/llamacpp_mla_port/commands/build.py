@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from llamacpp_mla_port.build import DEFAULT_TARGETS, RPC_TARGETS, ensure_build
-from llamacpp_mla_port.series.worktree import default_work_dir
+from llamacpp_mla_port.series.worktree import default_work_dir, require_applied
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     work_dir = args.work_dir or default_work_dir()
     tree = args.tree or work_dir / "llama.cpp"
     build_dir = args.build_dir or work_dir / "build"
+    require_applied(tree)
     targets = args.targets or list(DEFAULT_TARGETS)
     if not args.rpc:
         targets = [t for t in targets if t not in RPC_TARGETS]

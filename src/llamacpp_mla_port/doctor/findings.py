@@ -8,20 +8,14 @@ from typing import Any
 
 from gguf.constants import GGUFValueType
 
+# the naming contract and the Kimi-K3 dimensions (re-exported for the checks): gguf/contract.py
+from llamacpp_mla_port.gguf.contract import (ARCH, K3_BLOCK, K3_N_EMBD, K3_TARGET_LAYERS,  # noqa: F401
+                                             K3_VOCAB, KNOWN_TAPS, key)
 from llamacpp_mla_port.gguf.header import GGUFHeader
 
 
 OK, WARNING, ERROR = "ok", "warning", "error"
 SEVERITY = {OK: 0, WARNING: 1, ERROR: 2}
-
-ARCH = "dflash"
-# Published target_layer_ids (HF, 0-based) of checkpoints called "Kimi-K3 DSpark"
-# (shared/spec/draft-model.md). The GGUF stores them +1.
-KNOWN_TAPS = {
-    "Inferact/Kimi-K3-DSpark (MLA)": [2, 23, 47, 71, 89],
-    "RadixArk Kimi-K3 DSpark (Qwen3-style)": [7, 23, 51, 67, 83],
-}
-K3_N_EMBD, K3_VOCAB, K3_TARGET_LAYERS, K3_BLOCK = 7168, 163840, 93, 7
 
 
 @dataclass
@@ -44,10 +38,6 @@ class Context:
     hp: dict[str, Any] = field(default_factory=dict)
     layout: str = "unknown"          # mla | qwen3 | dsv4 | unknown | not-a-draft
     fix_hint: str = "llamacpp-mla-port doctor DRAFT.gguf --fix-metadata OUT.gguf"
-
-
-def key(name: str) -> str:
-    return f"{ARCH}.{name}"
 
 
 def _int(h: GGUFHeader, k: str) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from llamacpp_mla_port.doctor.findings import ARCH, Context, _int, _shape, _vocab_size, key
+from llamacpp_mla_port.gguf.contract import HPARAMS
 
 
 def detect(ctx: Context) -> None:
@@ -13,12 +14,9 @@ def detect(ctx: Context) -> None:
     d = ctx.draft
     ts = d.tensors
     hp: dict[str, Any] = {}
-    for name in ("embedding_length", "block_count", "feed_forward_length", "attention.head_count",
-                 "attention.head_count_kv", "attention.key_length", "attention.value_length",
-                 "attention.key_length_mla", "attention.value_length_mla", "attention.q_lora_rank",
-                 "attention.kv_lora_rank", "rope.dimension_count", "block_size",
-                 "hyper_connection.count"):
-        hp[name] = _int(d, key(name))
+    for name in HPARAMS:
+        if name != "target_layers":          # an array: the pairing check reads it
+            hp[name] = _int(d, key(name))
     hp["n_vocab"], hp["n_vocab_source"] = _vocab_size(d, ARCH)
     w1 = _shape(d, "markov_w1.weight")
     hp["markov_rank"] = w1[0] if w1 and len(w1) == 2 else None

@@ -1,32 +1,6 @@
 """The doctor against the loader: metadata and tensor-header mutants of loadable drafts.
 
-From a draft the patched llama.cpp accepts (an MLA and a Qwen3-style DSpark draft, paired
-with the tiny Kimi-K3 target), `mutants()` derives files that differ in one thing:
-
-    metadata   every key deleted; a number set to 0, +1 and the largest value of its
-               type; a bool flipped; a string emptied; an array shortened and lengthened
-               by one element (integer arrays also shifted by +1); and the tokenizer
-               model swapped for 'gpt2' (BPE, needs merges) and 'llama'
-    tensors    every tensor's first dimension (ggml ne0) grown by one, and its type
-               changed from F32 to F16
-
-`run_loader()` runs the proof program load-check (cpp/load-check.cpp: model load, the
-pairing with the target, one drafting step, through the public API) on many files per
-process; a file that aborts the process is recorded as an abort and the program restarts
-on the rest (a hang ends by SIGALRM the same way). `run_doctor()` is `doctor.diagnose`, with
-and without the target. `compare()` classifies:
-
-    agree       both accept (doctor exit 0/1) or both refuse (doctor exit 2)
-    violation   the loader refuses (or aborts, or hangs on) a file the doctor passes, or the
-                doctor without --target passes a file the loader refuses before the pairing:
-                never allowed
-    deliberate  the doctor fails a file the loader accepts, for a semantic reason the
-                runtime cannot see (DELIBERATE lists them: mutant id -> the doctor check
-                that must flag it and why)
-    defect      the loader aborts on a file that is fine (KNOWN_LOADER_DEFECTS, with why)
-
-    base_drafts(target, work) -> {"mla": path, "qwen3": path}
-    differential(load_check, target, bases, work) -> report dict (counts and every case)
+Design and bounds: docs/proof.md#differential.
 """
 
 from __future__ import annotations

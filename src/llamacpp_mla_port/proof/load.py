@@ -1,30 +1,6 @@
 """llama-server -np 2 with the MLA DSpark draft under concurrent load, on loopback.
 
-The same request plan runs against a server with the draft and one without it (the
-target alone): `clients` threads keep requests in flight, over a mix of prompt lengths
-(short, medium, long), of plain and streaming requests, and of streaming requests the
-client closes after the first chunks (the server must cancel them and go on). Meanwhile a
-thread polls /health. After every finished request the server's resident memory is read
-from /proc/<pid>/status. Each server first serves WARMUP requests of the same kind, outside
-the measured plan: memory is compared once the server has reached its working size.
-
-What it checks (`check_load` lists every failure):
-  * every completed greedy response equals the target-alone greedy continuation of its
-    prompt (ids from the target-features program, one sequence at a time), and every
-    cancelled stream is a prefix of it;
-  * every /health poll answered 200 and the server was still running at the end;
-  * memory does not leak: with the server's growing caches switched off (CACHE_OFF_ARGS),
-    the slope of RSS against the request count over the last JUDGED measured requests (the
-    median of the Theil-Sen slopes of SEGMENTS parts) is at most LEAK_BOUND_KIB_PER_REQUEST
-    (memory_verdict): a leak tilts every part, a cache filling in a step or two does not;
-  * the draft drafted (its acceptance is reported with the rest).
-Requests per second with and without the draft are reported as a ratio, never asserted.
-Flash attention is on in both servers, as in the reference program: with it off, a long
-prompt of the tiny target meets a near-tie and the greedy text differs from the on-run.
-
-    run_load_test(tree, build, work, base_target, ...) -> report dict
-    check_load(report) -> list of failures (empty: all held)
-    memory_verdict(rss_series) -> the slope and whether it is a leak (also used on controls)
+Design and bounds: docs/proof.md#load.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """Lossless speculative decoding: greedy output with the MLA DSpark draft == target alone.
 
-Fixtures (all offline):
-  * target: llama.cpp's own tiny Kimi-K3 (fixtures.target), deepened to 6 hybrid layers
-    with residual blocks of 2 (fixtures.target_variants) so the taps sit in several blocks and the
-    KDA layers force checkpoint-based rollback;
-  * drafts: random K3 DSpark HF checkpoints (fixtures.checkpoint, real names) converted
-    by the patched tree's converter. A random draft accepts almost nothing, so two drafts:
-      - "random":  the rescaled random checkpoint (acceptance near zero; proves that
-                   rejection and rollback keep the output exact),
-      - "bigram":  the same checkpoint whose vanilla Markov head is set to the target's
-                   own greedy bigrams (markov_w1 = one-hot rows of previous tokens,
-                   markov_w2 = strength at the observed successor), learned from
-                   target-alone continuations of HALF the prompts: drafts are then partly
-                   accepted (acceptance, partial rejection and KV/recurrent rollback).
-Runs: `llama-speculative-simple --spec-type draft-dspark` per prompt, and `llama-server
--md` with two parallel slots (two requests in flight), for draft lengths 1/3/7, flash
-attention on/off, confidence cut-off (--spec-draft-p-min) on/off, against target-alone
-text from `llama-simple` (speculative runs may overshoot -n by up to the draft length:
-compared as prefixes). The test tokenizer prints ids as variable-width hex, so text
-equality is checked on the full rendered text of the continuation.
+Design and bounds: docs/proof.md#lossless.
 """
 
 from __future__ import annotations

@@ -1,50 +1,6 @@
 """Logit parity of the patched llama.cpp draft against the float64 reference.
 
-For each tiny draft shape (PARITY_CONFIGS) a random HF checkpoint with the real tensor
-names is written (fixtures.checkpoint), converted by the patched tree's own converter (the
-real path), and run by the `draft-logits` program on random target features; the
-reference runs on the same checkpoint, the same target head and the same inputs.
-NMSE = sum((a - e)^2) / sum(e^2).
-
-Modes (MODES; bounds measured on three builds, see the README's threshold table):
-
-  f32         F32 weights, F32 KV cache, FA off      end to end vs float64        <= 1e-9
-  f16-cache   F32 weights, F16 KV cache (default)    staged vs emulated           <= 1e-6
-  flash-attn  F32 weights, F16 cache, CPU FA, 1000 rows                           <= 1e-6
-  bf16        BF16 checkpoint converted to BF16, F16 cache, FA off                <= 1e-5
-  q8_0-cache  F32 weights, Q8_0 cache (FA on: llama.cpp needs it), 1000 rows       <= 1e-6
-
-F32 is the correctness proof: the run against the float64 reference itself, end to end.
-A reduced-precision run differs from float64 by the roundings the backend makes on purpose
-(~1e-6 .. 5e-4 on the logits, growing with context under CPU flash attention), far more
-than a subtle mistake moves them. So the other modes compare like with like:
-
-* emulated: the reference rounds where ggml's CPU backend rounds (precision.py: K rows as
-  the cache stores them, the query and probabilities as the kernels convert them, flash
-  attention's F16 accumulator step by step, activations entering BF16 matmuls, F32 RoPE
-  angles). What is left are rounding flips: a value within F32 noise of a rounding boundary
-  that the run rounds the other way (~0.1 % of the cached values, `cache_rounding_flips`),
-  and which CPU, build and thread count decide;
-* staged: every stage of the reference starts from the run's own values at the residual
-  stream taps (the context K rows, the block embeddings, the stream after each attention
-  and each FFN; draft-logits --dump) and its output is compared with what the run's stage
-  added (compare_staged). A flip then moves only its own stage (<= 3e-7 seen) instead of
-  being carried through later BF16 roundings to the logits (1e-5 seen end to end).
-
-Each reduced mode also bounds its cost, the end-to-end NMSE against float64 (`cost_bound`):
-what the precision costs the draft's logits, the figure a user of that cache type gets.
-
-Compared per case: Markov-biased logits (the reference conditioned on llama.cpp's own
-chain, so a flipped near-tie does not smear every later row), base logits (llama.cpp's
-final hidden x target head, see cpp/draft-logits.cpp), the final hidden state, confidence
-values, and the greedy chain (equal, or differing first where the reference's top-2 margin
-is a near-tie, which is reported). Positions past the YaRN original context are included.
-
-Controls (`controls`): the reference itself with a known mistake, run through the same
-check as llama.cpp: causal block attention, no YaRN, NeoX-style rotation (gross: a bound must
-sit >= 100x below them) and the attention scale 1 % off (subtle: reported per mode whether
-the bound catches it; the F32 check must). A parity figure is only worth something if the
-mistakes it must catch land far above its bound.
+Design and bounds: docs/proof.md#parity.
 """
 
 from __future__ import annotations

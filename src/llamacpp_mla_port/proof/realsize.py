@@ -1,26 +1,7 @@
 """The real-size pair: the Kimi-K3-DSpark draft at its real config against a Kimi-K3 target
 at the real n_embd and vocabulary. Everything is generated offline and seeded.
 
-  * draft: the real config.json (n_embd 7168, 64 heads, q_lora 1536, kv_lora 512, nope 128,
-    rope 64, v 128, FFN 14336, 5 layers, vocab 163840; 2,387,907,841 parameters without the
-    embedding), random weights written streaming (fixtures.checkpoint) and converted by the
-    patched tree's own converter. Only the taps differ from the real file: the real
-    [2,23,47,71,89] need a 91-layer target, so the config given to the converter says
-    [0,1,2,3,4] (llama.cpp target_layers 1..5), five taps, so context_proj keeps its real
-    35840 inputs.
-  * target: llama.cpp's own tiny Kimi-K3 (test-llama-archs), deepened to 6 hybrid MLA/KDA
-    layers with attention-residual blocks of 2 (fixtures.target_variants), then widened to n_embd 7168
-    and a 163840-token TEST vocabulary: token_embd and the untied output head are real-size
-    (1.17B parameters each), the layers' inner widths stay small.
-  * optionally a Markov head that encodes the target's own greedy bigrams (up to
-    markov_rank of them, the real 256), so the random draft is partly accepted and the
-    lossless check exercises acceptance, partial rejection and rollback at real size.
-
-    real_draft_config() -> dict
-    write_real_target(build, out_dir, seed=0) -> Path
-    bigram_markov_head(bigrams, vocab, rank, strength=40.0) -> dict[str, torch.Tensor]
-    write_real_draft(tree, out_dir, config, markov=None, outtype="bf16", keep_checkpoint=False) -> RealDraft
-    run_real_lossless(tree, build, work, ...) -> dict   (speculative-simple and server == target alone, peak RSS)
+Design and bounds: docs/proof.md#realsize.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from llamacpp_mla_port.gguf import contract
+
 DRAFT_PLACEMENTS = ("local", "remote")
 
 # common's speculative init logs this before it loads the draft: what follows is the draft's
@@ -67,8 +69,8 @@ def placement(log: str) -> dict[str, dict[str, int]]:
 # the real pair across hosts: memory and network figures, computed (README's table)
 
 K3_PARAMS = 2.8e12              # Kimi-K3, all parameters
-K3_EMBD = 7168
-K3_VOCAB = 163840
+K3_EMBD = contract.K3_N_EMBD
+K3_VOCAB = contract.K3_VOCAB
 DRAFT_PARAMS = 2_387_907_841    # Kimi-K3-DSpark without embed_tokens (the converter strips it)
 DRAFT_LAYERS = 5
 DRAFT_TAPS = 5

@@ -18,12 +18,13 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
-from llamacpp_mla_port.errors import PortError, ProofError
+from llamacpp_mla_port.build import TARGET_SETS
+from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.stages import Stages
 
-SMOKE_TARGETS = ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs")
+SMOKE_TARGETS = TARGET_SETS["smoke"]       # build.TARGET_SETS: the one table
 
 
 def _log(msg: str) -> None:
@@ -31,20 +32,9 @@ def _log(msg: str) -> None:
     sys.stderr.flush()
 
 
-def _stage(report: dict, name: str, fn):
-    t0 = time.monotonic()
-    try:
-        result = fn()
-        report["stages"][name] = {"ok": True, "seconds": round(time.monotonic() - t0, 1)}
-        return result
-    except PortError as err:
-        report["stages"][name] = {"ok": False, "error": str(err), "seconds": round(time.monotonic() - t0, 1)}
-    except Exception as err:  # a bug: keep the traceback in the report, still print one JSON
-        report["stages"][name] = {"ok": False, "error": f"{type(err).__name__}: {err}",
-                                  "traceback": traceback.format_exc()[-3000:],
-                                  "seconds": round(time.monotonic() - t0, 1)}
-    _log(f"smoke: stage {name} FAILED: {report['stages'][name]['error']}")
-    return None
+def _logged(name: str, entry: dict) -> None:
+    if not entry["ok"]:
+        _log(f"smoke: stage {name} FAILED: {entry['error']}")
 
 
 def target_side_check(tree: Path, build: Path, work: Path, base_target: Path) -> dict:
@@ -105,16 +95,17 @@ def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | 
 
     started = time.monotonic()
     report: dict = {"stages": {}}
+    stages = Stages(report["stages"], log=_logged)
     tree, build = locate_build(tree, build)
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="mla-port-smoke-"))
     work.mkdir(parents=True, exist_ok=True)
     report["tree"], report["build"], report["work"] = str(tree), str(build), str(work)
 
     if not no_build:
-        _stage(report, "build", lambda: build_mod.ensure_build(tree, build, SMOKE_TARGETS, echo=False))
+        stages.run("build", lambda: build_mod.ensure_build(tree, build, SMOKE_TARGETS, echo=False))
 
     from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-    target = _stage(report, "fixtures", lambda: write_kimi_k3_target(build, work / "kimi-k3-target.gguf"))
+    target = stages.run("fixtures", lambda: write_kimi_k3_target(build, work / "kimi-k3-target.gguf"))
 
     if target is not None:
         from llamacpp_mla_port.proof.parity import run_parity
@@ -122,7 +113,7 @@ def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | 
         embd, _ = read_target_head(target)
         vocab, hidden = embd.shape
         from llamacpp_mla_port.fixtures.target_variants import target_with_layers
-        parity = _stage(report, "parity", lambda: run_parity(
+        parity = stages.run("parity", lambda: run_parity(
             tree, build, work / "parity", lambda h, v, n: target_with_layers(target, work / "parity", n),
             hidden, vocab, threads=threads, log=_log))
         if parity is not None:
@@ -131,26 +122,24 @@ def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | 
             report["parity_modes"] = {"system_info": parity.report.get("system_info"),
                                       "modes": parity.report["modes"]}
             if not parity.passed:
-                report["stages"]["parity"] = {"ok": False, "error": "a parity case is over its threshold"}
+                stages.fail("parity", "a parity case is over its threshold")
 
-        report["target_side"] = _stage(report, "target", lambda: target_side_check(tree, build, work, target))
+        report["target_side"] = stages.run("target", lambda: target_side_check(tree, build, work, target))
 
         from llamacpp_mla_port.proof.lossless import run_lossless
         lengths = (3,) if quick else (1, 3, 7)
-        lossless = _stage(report, "lossless", lambda: run_lossless(tree, build, work / "lossless", target,
-                                                                   server=server,
-                                                                   draft_lengths=lengths, threads=threads,
-                                                                   log=_log))
+        lossless = stages.run("lossless", lambda: run_lossless(tree, build, work / "lossless", target,
+                                                               server=server,
+                                                               draft_lengths=lengths, threads=threads,
+                                                               log=_log))
         if lossless is not None:
             report["lossless"] = lossless
             bigram_accepted = sum(r["accepted"] for r in lossless["speculative_simple"] if r["draft"] == "bigram")
             if lossless["n_mismatches"]:
-                report["stages"]["lossless"] = {
-                    "ok": False, "error": f"{lossless['n_mismatches']} outputs differ from the target alone"}
+                stages.fail("lossless", f"{lossless['n_mismatches']} outputs differ from the target alone")
             elif bigram_accepted == 0:
-                report["stages"]["lossless"] = {
-                    "ok": False, "error": "the bigram draft was never accepted: acceptance and rollback untested"}
+                stages.fail("lossless", "the bigram draft was never accepted: acceptance and rollback untested")
 
-    report["ok"] = all(s["ok"] for s in report["stages"].values())
+    report["ok"] = stages.ok
     report["seconds"] = round(time.monotonic() - started, 1)
     return report

@@ -6,7 +6,6 @@ Each step is its own module; this one only strings them together for the verbs
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +13,10 @@ from pathlib import Path
 import git
 
 from llamacpp_mla_port import gitutil, project
-from llamacpp_mla_port.errors import SeriesError
 from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.render import RenderedCommit, render_series
 from llamacpp_mla_port.series.spec import Series, load_series
-from llamacpp_mla_port.series.worktree import Workspace, default_work_dir
+from llamacpp_mla_port.series.worktree import Workspace, apply_series, default_work_dir
 from llamacpp_mla_port.source.obtain import Base, obtain
 from llamacpp_mla_port.source.pin import Pin, load_pin
 
@@ -101,42 +99,11 @@ def patch(opts: Options, log=print) -> dict:
         log(f"{ws.tree}: series already applied on branch {r.series.branch}")
     else:
         touched = {p for c in r.commits for p in c.files}
-        touched |= set(gitutil.run(repo, "diff", "--name-only", f"{base.sha}..HEAD").split())
-        kept = content_stamps(ws.tree, touched)
-        ws.save_state(status="applying", head=None)
-        new_head = series_mod.apply(repo, base.sha, r.series.branch,
-                                    series_mod.read_series(opts.patches_dir), r.series)
-        restore_unchanged_mtimes(ws.tree, kept)
-        got_tree = gitutil.run(repo, "rev-parse", f"{new_head}^{{tree}}")
-        if got_tree != head_tree:
-            gitutil.run(repo, "checkout", "-q", "-f", "-B", r.series.branch, base.sha)
-            ws.save_state(status="base", head=None)
-            raise SeriesError("the applied series differs from the rendered one",
-                              "patches/ is stale or edited: rerun `make patch`")
-        ws.save_state(status="applied", head=new_head)
+        apply_series(ws, repo, base.sha, r.series, series_mod.read_series(opts.patches_dir),
+                     touched, head_tree)
         log(f"{ws.tree}: {len(names)} commits applied with `git am -3` on branch "
             f"{r.series.branch}")
     return {"tree": ws.tree, "patches": names, "changed": changed, "head": r.head}
-
-
-def content_stamps(tree: Path, paths: set[str]) -> dict[str, tuple[bytes, int]]:
-    """(content, mtime) of the files a re-apply rewrites, before it rewrites them."""
-    stamps = {}
-    for rel in paths:
-        path = tree / rel
-        if path.is_file():
-            stamps[rel] = (path.read_bytes(), path.stat().st_mtime_ns)
-    return stamps
-
-
-def restore_unchanged_mtimes(tree: Path, stamps: dict[str, tuple[bytes, int]]) -> None:
-    """Re-applying the series resets and rewrites every file it touches; give the files whose
-    content came out the same their old mtime back, so an incremental build recompiles only
-    what a template edit really changed."""
-    for rel, (data, mtime) in stamps.items():
-        path = tree / rel
-        if path.is_file() and path.read_bytes() == data:
-            os.utime(path, ns=(path.stat().st_atime_ns, mtime))
 
 
 def check(opts: Options, log=print) -> str:

@@ -1,21 +1,23 @@
 """Render the series in memory: templates + anchors -> full new file contents per commit.
 
 Nothing is written here. Each commit is applied to the file contents left by the commits
-before it, so a later commit can anchor on text an earlier one inserted. Every anchor must
-match exactly once; all anchors of one file are located before any text is changed.
+before it, so a later commit can anchor on text an earlier one inserted. One walk serves both
+`make patch` (strict: the first miss raises) and rebase's report (lenient: every change is
+recorded and the walk goes on), so the two cannot disagree. Anchors: series/anchors.py.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 from typing import Callable
 
 import jinja2
 
-from llamacpp_mla_port.errors import AnchorError, RenderError
-from llamacpp_mla_port.series.spec import Change, Series
+from llamacpp_mla_port.errors import AnchorError, PortError, RenderError
+from llamacpp_mla_port.series import anchors
+from llamacpp_mla_port.series.anchors import Located, Miss
+from llamacpp_mla_port.series.spec import Change, Commit, Series
 
 
 @dataclass(frozen=True)
@@ -47,80 +49,6 @@ def _render(env: jinja2.Environment, template: str, context: dict, origin: str) 
                           "C++ with `{{`, `{%` or `{#` must sit inside {% raw %}...{% endraw %}") from None
 
 
-def find_all(pattern: str, text: str, regex: bool, start: int = 0, end: int | None = None):
-    end = len(text) if end is None else end
-    if regex:
-        return [(m.start(), m.end()) for m in re.compile(pattern, re.M).finditer(text, start, end)]
-    out, i = [], text.find(pattern, start, end)
-    while i != -1 and i + len(pattern) <= end:
-        out.append((i, i + len(pattern)))
-        i = text.find(pattern, i + 1, end)
-    return out
-
-
-def nearest_lines(text: str, anchor: str, limit: int = 3) -> list[str]:
-    """The lines of `text` most similar to the anchor's first non-blank line."""
-    first = next((ln.strip() for ln in anchor.splitlines() if ln.strip()), anchor.strip())
-    lines = text.splitlines()
-    scored = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        ratio = difflib.SequenceMatcher(None, first, line.strip(), autojunk=False).quick_ratio()
-        if ratio >= 0.5:
-            scored.append((ratio, no, line))
-    scored.sort(key=lambda t: (-t[0], t[1]))
-    best = []
-    for ratio, no, line in scored[: limit * 8]:
-        real = difflib.SequenceMatcher(None, first, line.strip(), autojunk=False).ratio()
-        best.append((real, no, line))
-    best.sort(key=lambda t: (-t[0], t[1]))
-    return [f"{no}: {line.strip()}" for _, no, line in best[:limit]]
-
-
-def _short(s: str) -> str:
-    s = s.strip("\n")
-    lines = s.splitlines()
-    return lines[0] + (f" ... (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
-
-
-def locate(change: Change, text: str, base_label: str) -> tuple[int, int]:
-    """(start, end) of the change's anchor in `text`; raises AnchorError unless unique."""
-    lo, hi = 0, len(text)
-    where = f"{change.file} at base {base_label}"
-    if change.within is not None:
-        scopes = find_all(change.within, text, change.regex)
-        if len(scopes) != 1:
-            raise _anchor_error(change, text, change.within, len(scopes), where, "within")
-        lo = scopes[0][1]
-        if change.within_end is not None:
-            ends = find_all(change.within_end, text, change.regex, lo)
-            if not ends:
-                raise _anchor_error(change, text, change.within_end, 0, where, "within_end")
-            hi = ends[0][0]
-    hits = find_all(change.anchor, text, change.regex, lo, hi)
-    if len(hits) != 1:
-        raise _anchor_error(change, text, change.anchor, len(hits), where, "anchor")
-    return hits[0]
-
-
-def _anchor_error(change: Change, text: str, pattern: str, count: int, where: str,
-                  what: str) -> AnchorError:
-    if count == 0:
-        near = nearest_lines(text, pattern)
-        cand = ("; nearest candidate lines: " + " | ".join(near)) if near else "; no similar lines"
-        return AnchorError(
-            f"{change.origin}: {what} not found in {where}: {_short(pattern)!r}{cand}",
-            "upstream moved: update the anchor in the commit.toml (or run `llamacpp-mla-port "
-            "rebase`); nothing was written")
-    lines = [text.count("\n", 0, s) + 1 for s, _ in find_all(pattern, text, change.regex)]
-    return AnchorError(
-        f"{change.origin}: {what} matches {count} times in {where} (lines "
-        f"{', '.join(map(str, lines[:10]))}): {_short(pattern)!r}",
-        "make the anchor unique: add context lines, or narrow it with `within`/`within_end`; "
-        "nothing was written")
-
-
 class Overlay:
     """File contents as the series goes: the base, overlaid with what earlier commits wrote."""
 
@@ -137,23 +65,67 @@ class Overlay:
         self._files[path] = data
 
 
+@dataclass
+class Step:
+    """One change met by the walk, before it is applied (what a lenient walk's `decide` sees)."""
+    commit_index: int
+    commit: Commit
+    title: str                    # lenient walk: the commit's title (its slug if it fails)
+    change: Change
+    path: str
+    before: bytes | None          # the file before this commit (None: it does not exist)
+    text: str | None              # `before` decoded (None: missing or not UTF-8)
+    rendered: str | None          # the text the change inserts (None: rendering failed)
+    error: PortError | None       # why rendering failed
+    where: Located | Miss | None  # the anchor (None: a create, or no text to search)
+
+
+#: lenient walk: record the step and say whether to apply it (it is applied only if it can be)
+Decide = Callable[[Step], bool]
+
+
 def render_series(series: Series, read_base: Callable[[str], bytes | None],
                   base_label: str, extra_vars: dict | None = None) -> list[RenderedCommit]:
-    """Render all commits; `read_base(path)` gives a file's content at the base or None."""
+    """Render all commits; `read_base(path)` gives a file's content at the base or None.
+    Strict: the first anchor that is not unique, or any other problem, raises."""
+    return walk_series(series, read_base, base_label, extra_vars)
+
+
+def _title(env: jinja2.Environment, commit: Commit, context: dict) -> str:
+    try:
+        return _render(env, commit.message_template, context, f"series/{commit.slug}") \
+            .strip().splitlines()[0]
+    except (PortError, jinja2.TemplateError, IndexError):
+        return commit.slug
+
+
+def walk_series(series: Series, read_base: Callable[[str], bytes | None], base_label: str,
+                extra_vars: dict | None = None,
+                decide: Decide | None = None) -> list[RenderedCommit]:
+    """The one walk of the series over a tree, commit by commit; a later commit sees the text
+    earlier ones inserted.
+
+    Strict (`decide` None): raise on the first miss; the result is the series' output.
+    Lenient: every change goes to `decide` (which records it) and the walk goes on; a change
+    is applied when `decide` says so and it rendered and was located (or creates a new file).
+    Commit-level checks (empty commit, title style, overlaps) are strict only."""
+    strict = decide is None
     env = make_env(series)
     overlay = Overlay(read_base)
     read = overlay.read
 
     out = []
-    for commit in series.commits:
+    for ci, commit in enumerate(series.commits):
         context = {**series.vars, **commit.vars, **(extra_vars or {})}
+        title = "" if strict else _title(env, commit, context)
         by_file: dict[str, list[Change]] = {}
         for change in commit.changes:
             by_file.setdefault(change.file, []).append(change)
         files: dict[str, bytes] = {}
         for path, changes in by_file.items():
             before = read(path)
-            if any(c.placement == "create" for c in changes):
+            creates = any(c.placement == "create" for c in changes)
+            if strict and creates:
                 if len(changes) != 1:
                     raise RenderError(f"{changes[0].origin}: {path} is created and also edited "
                                       "in the same commit", "put the whole file in one template")
@@ -162,44 +134,72 @@ def render_series(series: Series, read_base: Callable[[str], bytes | None],
                                       f"exists at base {base_label}",
                                       "edit it with an anchor instead, or it was merged "
                                       "upstream; nothing was written")
-                text = _render(env, changes[0].template, {**context, **changes[0].vars},
-                               changes[0].origin)
-                files[path] = text.encode("utf-8")
-                continue
-            if before is None:
+            if strict and not creates and before is None:
                 raise AnchorError(f"{changes[0].origin}: {path} does not exist at base "
                                   f"{base_label}", "upstream moved or renamed the file; update "
                                   "`file` in the commit.toml; nothing was written")
-            try:
-                text = before.decode("utf-8")
-            except UnicodeDecodeError:
-                raise RenderError(f"{changes[0].origin}: {path} is not UTF-8 text",
-                                  "the engine edits text files only") from None
+            text = None
+            if before is not None:
+                try:
+                    text = before.decode("utf-8")
+                except UnicodeDecodeError:
+                    if strict:
+                        raise RenderError(f"{changes[0].origin}: {path} is not UTF-8 text",
+                                          "the engine edits text files only") from None
             spans = []
             for change in changes:
-                start, end = locate(change, text, base_label)
-                rendered = _render(env, change.template, {**context, **change.vars},
-                                   change.origin)
+                rendered, error = None, None
+                try:
+                    rendered = _render(env, change.template, {**context, **change.vars},
+                                       change.origin)
+                except PortError as err:
+                    error = err
+                where = None
+                if change.placement != "create" and text is not None:
+                    where = anchors.locate(change, text)
+                if strict:
+                    if isinstance(where, Miss):
+                        raise where.error(change, text, base_label)
+                    if error is not None:
+                        raise error
+                else:
+                    step = Step(ci, commit, title, change, path, before, text, rendered, error,
+                                where)
+                    if not decide(step) or error is not None:
+                        continue
+                if change.placement == "create":
+                    if before is None:
+                        files[path] = rendered.encode("utf-8")
+                    continue
+                if not isinstance(where, Located):
+                    continue
+                start, end = where.start, where.end
                 if change.placement == "after":
                     spans.append((end, end, rendered, change))
                 elif change.placement == "before":
                     spans.append((start, start, rendered, change))
                 else:
                     spans.append((start, end, rendered, change))
+            if text is None or not spans:
+                continue
             spans.sort(key=lambda s: (s[0], s[1]))
-            for (s1, e1, _, c1), (s2, e2, _, c2) in zip(spans, spans[1:]):
-                if s2 < e1:
-                    raise RenderError(f"{c1.origin} and {c2.origin} overlap in {path}",
-                                      "merge them into one change")
+            if strict:
+                for (s1, e1, _, c1), (s2, e2, _, c2) in zip(spans, spans[1:]):
+                    if s2 < e1:
+                        raise RenderError(f"{c1.origin} and {c2.origin} overlap in {path}",
+                                          "merge them into one change")
             for s, e, rendered, _ in reversed(spans):
                 text = text[:s] + rendered + text[e:]
             files[path] = text.encode("utf-8")
-        if all(files[p] == read(p) for p in files):
+        if strict and all(files[p] == read(p) for p in files):
             raise RenderError(f"series/{commit.slug}: the commit changes nothing at base "
                               f"{base_label}", "its change is already there (merged upstream?): "
                               "drop the commit folder or fix its templates")
         for path, data in files.items():
             overlay.write(path, data)
+        if not strict:
+            out.append(RenderedCommit(slug=commit.slug, message=title + "\n", files=files))
+            continue
         message = _render(env, commit.message_template, context, f"series/{commit.slug}")
         message = message.strip("\n") + "\n"
         title = message.splitlines()[0]
@@ -211,8 +211,3 @@ def render_series(series: Series, read_base: Callable[[str], bytes | None],
                               "blank line", "edit message.txt.j2")
         out.append(RenderedCommit(slug=commit.slug, message=message, files=files))
     return out
-
-
-def render_change_text(env: jinja2.Environment, change: Change, context: dict) -> str:
-    """The text one change inserts (for tools that inspect changes one by one, e.g. rebase)."""
-    return _render(env, change.template, {**context, **change.vars}, change.origin)

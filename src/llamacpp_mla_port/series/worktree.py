@@ -18,7 +18,9 @@ from pathlib import Path
 import git
 
 from llamacpp_mla_port import gitutil, project
-from llamacpp_mla_port.errors import WorkTreeError
+from llamacpp_mla_port.errors import PatchApplyError, SeriesError, WorkTreeError
+from llamacpp_mla_port.series import gitseries
+from llamacpp_mla_port.series.spec import Series
 from llamacpp_mla_port.source.obtain import Base, cache_repo
 
 STATE_FILE = "llamacpp-mla-port.json"
@@ -189,6 +191,69 @@ class Workspace:
                 f"your work is safe on that commit: put it on a branch (`git -C {self.tree} "
                 f"branch my-work {head[:12]}`), then rerun; the tool will reset its own "
                 "branch only")
+
+
+def require_applied(tree: Path) -> None:
+    """Refuse to build a tool-owned tree whose series is not fully applied (its recorded
+    state is `applying` or `base`): the build would compile a half-applied series. A tree the
+    tool does not own (no state file, e.g. `--tree` on a clone of your own) is built as is."""
+    ws = Workspace(Path(tree).absolute().parent)
+    if Path(tree).absolute() != ws.tree or not ws.state_path.is_file():
+        return
+    status = ws.state().get("status")
+    if status != "applied":
+        raise WorkTreeError(f"{ws.tree} is not patched: its recorded state is {status!r} "
+                            "(the series is not, or only partly, applied)",
+                            "run `make patch` (it re-applies the series), then `make build`")
+
+
+def apply_series(ws: Workspace, repo: git.Repo, base_sha: str, series: Series,
+                 patches: list[Path], touched: set[str], want_tree: str) -> str:
+    """The one apply transaction (`make patch` and the canary): `git am -3` the patches onto
+    the base, keeping the mtimes of files that come out unchanged; return the new HEAD.
+
+    touched files -> content stamps -> state applying -> git am -3 -> restore unchanged
+    mtimes -> compare the tree with `want_tree` (the rendered series') -> state applied.
+    On a rejected patch (PatchApplyError, with the hunk) or a tree that differs
+    (SeriesError) the work tree is back at the base and its state says so."""
+    touched = set(touched) | set(gitutil.run(repo, "diff", "--name-only",
+                                             f"{base_sha}..HEAD").split())
+    kept = content_stamps(ws.tree, touched)
+    ws.save_state(status="applying", head=None)
+    try:
+        head = gitseries.apply(repo, base_sha, series.branch, patches, series)
+    except PatchApplyError:
+        ws.save_state(status="base", head=None)
+        raise
+    restore_unchanged_mtimes(ws.tree, kept)
+    got = gitutil.run(repo, "rev-parse", f"{head}^{{tree}}")
+    if got != want_tree:
+        gitutil.run(repo, "checkout", "-q", "-f", "-B", series.branch, base_sha)
+        ws.save_state(status="base", head=None)
+        raise SeriesError(f"the applied series gives tree {got}, the rendered one {want_tree}",
+                          "patches/ is stale or edited: rerun `make patch`")
+    ws.save_state(status="applied", head=head)
+    return head
+
+
+def content_stamps(tree: Path, paths: set[str]) -> dict[str, tuple[bytes, int]]:
+    """(content, mtime) of the files a re-apply rewrites, before it rewrites them."""
+    stamps = {}
+    for rel in paths:
+        path = tree / rel
+        if path.is_file():
+            stamps[rel] = (path.read_bytes(), path.stat().st_mtime_ns)
+    return stamps
+
+
+def restore_unchanged_mtimes(tree: Path, stamps: dict[str, tuple[bytes, int]]) -> None:
+    """Re-applying the series resets and rewrites every file it touches; give the files whose
+    content came out the same their old mtime back, so an incremental build recompiles only
+    what a template edit really changed."""
+    for rel, (data, mtime) in stamps.items():
+        path = tree / rel
+        if path.is_file() and path.read_bytes() == data:
+            os.utime(path, ns=(path.stat().st_atime_ns, mtime))
 
 
 def _process_inside(tree: Path) -> bool:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import git
 
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port import gitutil, project
 from llamacpp_mla_port.errors import NetworkError, ObtainError
 from llamacpp_mla_port.source.pin import Pin, Sdist
 
@@ -59,7 +59,7 @@ class Base:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("LLAMACPP_MLA_PORT_CACHE")
+    root = project.env("CACHE")          # $MLA_PORT_CACHE (or the old $LLAMACPP_MLA_PORT_CACHE)
     if root:
         return Path(root)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -203,8 +203,8 @@ def _verify_sha(path: Path, expected: str, remove: bool) -> None:
 # ---------------------------------------------------------------------------- PyPI
 def pypi_json_url(package: str) -> str:
     """PyPI's JSON API for a project (every release: the per-release URL is not served by
-    every mirror); $LLAMACPP_MLA_PORT_PYPI points at another index's."""
-    root = os.environ.get("LLAMACPP_MLA_PORT_PYPI", "https://pypi.org/pypi").rstrip("/")
+    every mirror); $MLA_PORT_PYPI (or the old $LLAMACPP_MLA_PORT_PYPI) points at another index's."""
+    root = project.env("PYPI", "https://pypi.org/pypi").rstrip("/")
     return f"{root}/{package}/json"
 
 

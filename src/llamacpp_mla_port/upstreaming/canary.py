@@ -31,11 +31,12 @@ from pathlib import Path
 import git
 
 from llamacpp_mla_port import build as build_mod, gitutil, project
-from llamacpp_mla_port.errors import PatchApplyError, PortError
-from llamacpp_mla_port.series import pipeline, gitseries as series_mod
+from llamacpp_mla_port.errors import PatchApplyError, PortError, SeriesError
+from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.spec import load_series
-from llamacpp_mla_port.series.worktree import Workspace
+from llamacpp_mla_port.series.worktree import Workspace, apply_series
 from llamacpp_mla_port.source.obtain import cache_repo
+from llamacpp_mla_port.stages import StageFailed, Stages
 from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.upstreaming.rebase import MERGED, RebaseOptions, rebase
 from llamacpp_mla_port.upstreaming.targets import Target
@@ -75,10 +76,7 @@ class CanaryOptions:
         self.canary_dir = (Path(self.canary_dir) if self.canary_dir else default_canary_dir()).absolute()
 
 
-class _Failed(Exception):
-    def __init__(self, evidence: dict):
-        super().__init__(evidence.get("message", ""))
-        self.evidence = evidence
+_Failed = StageFailed
 
 
 def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
@@ -98,34 +96,26 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
              ("build", lambda: _build(opts, ws, state))]
     if opts.prove:
         steps.append(("proof", lambda: _prove(opts, ws, log)))
-    for name, fn in steps:
-        t0 = time.monotonic()
-        try:
-            entry = {"ok": True, **(fn() or {})}
-        except _Failed as failed:
-            entry = {"ok": False, **failed.evidence}
-        except PortError as err:
-            entry = {"ok": False, "message": err.message, "hint": err.hint,
-                     "kind": type(err).__name__}
-        entry["seconds"] = round(time.monotonic() - t0, 1)
-        report["stages"][name] = entry
+
+    def ended(name: str, entry: dict) -> None:
         if name == "obtain" and "target" in state:
             report["onto"] = state["onto"]
         if on_stage:
             on_stage(name, entry)
-        if not entry["ok"]:
-            report["stage"] = name
-            evidence = {k: v for k, v in entry.items() if k not in ("ok", "seconds", "figures")}
-            report["failure"] = {"stage": name, **evidence}
-            break
-    else:
+
+    runner = Stages(report["stages"], stop_on_failure=True, merge=True, log=ended)
+    for name, fn in steps:
+        runner.run(name, fn)
+    if runner.failed is None:
         report["ok"] = True
         report["stage"] = "ok"
-    for name, _ in steps:
-        if name not in report["stages"]:
-            report["stages"][name] = {"ok": None, "skipped": f"the {report['stage']} stage failed"}
-            if on_stage:
-                on_stage(name, report["stages"][name])
+    else:
+        name = runner.failed
+        report["stage"] = name
+        evidence = {k: v for k, v in report["stages"][name].items()
+                    if k not in ("ok", "seconds", "figures")}
+        report["failure"] = {"stage": name, **evidence}
+    runner.skip_rest(name for name, _ in steps)
     report["seconds"] = round(time.monotonic() - started, 1)
     return report
 
@@ -183,32 +173,25 @@ def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
     repo = ws.ensure(target.base, target.commit or target.tag, log)
     ws.require_clean(repo)
     touched = {f["path"] for p in _manifest(opts.canary_dir / "patches") for f in p["files"]}
-    touched |= set(gitutil.run(repo, "diff", "--name-only", f"{target.base.sha}..HEAD").split())
-    kept = pipeline.content_stamps(ws.tree, touched)
-    ws.save_state(status="applying", head=None)
+    want = gitutil.run(cache_repo(), "rev-parse", f"{outcome.head}^{{tree}}")
     try:
-        head = series_mod.apply(repo, target.base.sha, series.branch, patches, series)
+        head = apply_series(ws, repo, target.base.sha, series, patches, touched, want)
     except PatchApplyError as err:
-        ws.save_state(status="base", head=None)
         d = err.details
         raise _Failed({"message": f"`git am -3` rejected {d.get('patch', 'a patch')}"
                                   + (f" at {d['file']}:{d['line']}" if "file" in d and "line" in d else ""),
                        "patch": d.get("patch"), "subject": d.get("subject"), "file": d.get("file"),
                        "line": d.get("line"), "hunk": d.get("hunk"), "output": d.get("output")})
-    pipeline.restore_unchanged_mtimes(ws.tree, kept)
-    ws.save_state(status="applied", head=head)
-    want = gitutil.run(cache_repo(), "rev-parse", f"{outcome.head}^{{tree}}")
-    got = gitutil.run(repo, "rev-parse", "HEAD^{tree}")
-    if got != want:
-        raise _Failed({"message": f"the applied series gives tree {got}, the rendered one {want}",
-                       "patch": None, "file": None, "line": None, "hunk": None})
+    except SeriesError as err:
+        raise _Failed({"message": err.message, "patch": None, "file": None, "line": None,
+                       "hunk": None})
     return {"patches": len(patches), "head": head}
 
 
 def _build(opts: CanaryOptions, ws: Workspace, state: dict) -> dict:
-    from llamacpp_mla_port.proof.smoke import SMOKE_TARGETS
+    targets = build_mod.TARGET_SETS["smoke"]     # the proof's targets
     try:
-        build_mod.ensure_build(ws.tree, ws.build_dir, SMOKE_TARGETS, opts.cmake_args, opts.jobs,
+        build_mod.ensure_build(ws.tree, ws.build_dir, targets, opts.cmake_args, opts.jobs,
                                echo=False, rpc=opts.rpc)
     except PortError as err:
         log_path = ws.build_dir / build_mod.LOG_NAME
@@ -220,7 +203,7 @@ def _build(opts: CanaryOptions, ws: Workspace, state: dict) -> dict:
             evidence["written_by"] = _blame(ws, first["file"], first["line"])
             evidence["message"] = f"{first['file']}:{first['line']}: {first['message']}"
         raise _Failed(evidence) from None
-    return {"targets": list(SMOKE_TARGETS)}
+    return {"targets": list(targets)}
 
 
 def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:

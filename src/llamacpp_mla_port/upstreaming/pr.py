@@ -39,7 +39,7 @@ from typing import Callable
 import git
 
 from llamacpp_mla_port import gitutil, project
-from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG
+from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG, TARGET_SETS
 from llamacpp_mla_port.errors import PortError, SeriesError, WorkTreeError
 from llamacpp_mla_port.series import pipeline, stacks as stacks_mod
 from llamacpp_mla_port.series.spec import Stack, load_series
@@ -50,7 +50,7 @@ from llamacpp_mla_port.upstreaming.lint import EditorConfig, Finding, flake8_fin
 
 #: what every commit must build: the library through the tools the job and the proof use,
 #: and test-llama-archs (every LLM_ARCH_ switch site handled)
-PR_TARGETS = ("test-llama-archs", "llama-speculative-simple", "llama-server")
+PR_TARGETS = TARGET_SETS["pr"]       # build.TARGET_SETS: the one table
 
 
 # ----------------------------------------------------------------------- per-commit checks

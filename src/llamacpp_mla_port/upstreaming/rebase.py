@@ -32,16 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
-import jinja2
 
 from llamacpp_mla_port import gitutil, project
-from llamacpp_mla_port.errors import AnchorError, PinError, PortError, WorkTreeError
+from llamacpp_mla_port.errors import PinError, PortError, WorkTreeError
 from llamacpp_mla_port.series import pipeline, gitseries as series_mod, stacks as stacks_mod
-from llamacpp_mla_port.series.spec import Change, Series, load_series
+from llamacpp_mla_port.series.spec import Series, load_series
 from llamacpp_mla_port.source import obtain
 from llamacpp_mla_port.source.pin import Pin, load_pin
-from llamacpp_mla_port.series.render import (Overlay, find_all, locate, make_env, nearest_lines, render_change_text,
-                                             render_series)
+from llamacpp_mla_port.series import anchors
+from llamacpp_mla_port.series.anchors import Miss
+from llamacpp_mla_port.series.render import Step, render_series, walk_series
 from llamacpp_mla_port.series.worktree import BASE_BRANCH, Workspace, default_work_dir
 from llamacpp_mla_port.source.obtain import Base
 from llamacpp_mla_port.upstreaming.targets import Target, relation, resolve_target
@@ -78,8 +78,7 @@ class ChangeReport:
 
 
 # ----------------------------------------------------------------------------- analysis
-def _line(text: str, pos: int) -> int:
-    return text.count("\n", 0, pos) + 1
+_line = anchors.line_of
 
 
 def _substantial(s: str) -> bool:
@@ -87,158 +86,88 @@ def _substantial(s: str) -> bool:
         len("".join(s.split())) >= _SUBSTANTIAL_CHARS
 
 
-def _diagnose(change: Change, text: str) -> tuple[str, str, list[str]]:
-    """Why `locate` failed: (status, failing pattern, candidate lines)."""
-    lo, hi = 0, len(text)
-    if change.within is not None:
-        scopes = find_all(change.within, text, change.regex)
-        if len(scopes) != 1:
-            return _miss("within", change.within, text, scopes)
-        lo = scopes[0][1]
-        if change.within_end is not None:
-            ends = find_all(change.within_end, text, change.regex, lo)
-            if not ends:
-                return "within_end-missing", change.within_end, nearest_lines(text, change.within_end)
-            hi = ends[0][0]
-    hits = find_all(change.anchor, text, change.regex, lo, hi)
-    return _miss("anchor", change.anchor, text, hits)
-
-
-def _miss(what: str, pattern: str, text: str, hits) -> tuple[str, str, list[str]]:
-    if not hits:
-        return f"{what}-missing", pattern, nearest_lines(text, pattern)
-    lines = text.splitlines()
-    return f"{what}-ambiguous", pattern, [f"{_line(text, s)}: {lines[_line(text, s) - 1].strip()}"
-                                          for s, _ in hits[:5]]
-
-
-def _scope(change: Change, text: str) -> tuple[int, int]:
-    """The part of `text` the change's anchor is searched in (whole text if unclear)."""
-    if change.within is None:
-        return 0, len(text)
-    scopes = find_all(change.within, text, change.regex)
-    if len(scopes) != 1:
-        return 0, len(text)
-    lo = scopes[0][1]
-    if change.within_end is not None:
-        ends = find_all(change.within_end, text, change.regex, lo)
-        if ends:
-            return lo, ends[0][0]
-    return lo, len(text)
-
-
 def analyse(series: Series, read_base, base_label: str, extra_vars: dict,
             patch_names: list[str] | None = None,
             baseline: dict[str, int] | None = None) -> list[ChangeReport]:
-    """Locate every change of the series at a base, commit by commit, without stopping.
-
-    Mirrors render_series (a later commit sees the text earlier ones inserted) but keeps
-    going after a failure, skipping the failed or merged change, so one run reports them all.
-    render_series stays the only producer of output; this only diagnoses.
+    """Locate every change of the series at a base, commit by commit, without stopping: the
+    lenient walk of series/render.py (the one `make patch` runs strictly), skipping a failed
+    or merged change, so one run reports them all. Only render_series produces output.
 
     `baseline` (change -> how often its text occurred in the file at the OLD base) tells a
     merge upstream apart from text that was always there elsewhere (two arch lists may share
     lines): the text counts as merged when it occurs more often now than it did then.
     """
-    env = make_env(series)
-    overlay = Overlay(read_base)
-    read = overlay.read
-
     reports: list[ChangeReport] = []
-    for ci, commit in enumerate(series.commits):
-        context = {**series.vars, **commit.vars, **extra_vars}
-        try:
-            title = env.get_template(commit.message_template).render(**context) \
-                .strip().splitlines()[0]
-        except (jinja2.TemplateError, IndexError):
-            title = commit.slug
-        patch = patch_names[ci] if patch_names and len(patch_names) == len(series.commits) \
-            else f"{ci + 1:04d}"
 
-        def report(change: Change, status: str, **kw) -> None:
-            reports.append(ChangeReport(commit=commit.slug, title=title, patch=patch,
+    def decide(step: Step) -> bool:
+        change, path, text = step.change, step.path, step.text
+        patch = patch_names[step.commit_index] \
+            if patch_names and len(patch_names) == len(series.commits) \
+            else f"{step.commit_index + 1:04d}"
+
+        def report(status: str, **kw) -> None:
+            reports.append(ChangeReport(commit=step.commit.slug, title=step.title, patch=patch,
                                         change=change.origin, file=change.file,
                                         placement=change.placement, status=status, **kw))
 
-        by_file: dict[str, list[Change]] = {}
-        for change in commit.changes:
-            by_file.setdefault(change.file, []).append(change)
-        for path, changes in by_file.items():
-            before = read(path)
-            text = None
-            if before is not None:
-                try:
-                    text = before.decode("utf-8")
-                except UnicodeDecodeError:
-                    pass
-            spans = []
-            for change in changes:
-                try:
-                    rendered = render_change_text(env, change, context)
-                except PortError as err:
-                    report(change, "render-error", message=err.message)
-                    continue
-                if change.placement == "create":
-                    if before is None:
-                        report(change, "ok", message="new file")
-                        overlay.write(path, rendered.encode("utf-8"))
-                    elif before == rendered.encode("utf-8"):
-                        report(change, MERGED, line=1, message="the file already exists upstream "
-                               "with exactly this content")
-                    else:
-                        report(change, "file-exists", message=f"{path} already exists upstream "
-                               "with other content")
-                    continue
-                if text is None:
-                    report(change, "file-missing", anchor=change.anchor,
-                           message=f"{path} does not exist (or is not UTF-8 text) upstream")
-                    continue
-                lo, hi = _scope(change, text)
-                count = text.count(rendered) if rendered.strip() else 0
-                in_scope = text.count(rendered, lo, hi) if rendered.strip() else 0
-                was = (baseline or {}).get(change.origin)
-                # with a baseline: more copies than at the old base (anywhere in the file: a
-                # `within_end` may now cut the merged text); without: a big copy in scope
-                grew = count > was if was is not None else (in_scope > 0 and _substantial(rendered))
-                if not in_scope:
-                    lo, hi = 0, len(text)       # where a copy is looked up for the message
-                try:
-                    start, end = locate(change, text, base_label)
-                except AnchorError:
-                    if grew:
-                        at = _line(text, text.index(rendered, lo, hi))
-                        report(change, MERGED, anchor=change.anchor, line=at, present=count,
-                               message=f"the anchor moved or went, but the inserted text is "
-                               f"already in {path} at line {at}")
-                        continue
-                    status, pattern, cand = _diagnose(change, text)
-                    report(change, status, anchor=pattern, candidates=cand, present=count,
-                           message=_failure_text(status, path, pattern, cand, base_label))
-                    continue
-                line = _line(text, start)
-                if (change.placement == "after" and text.startswith(rendered, end)) or \
-                        (change.placement == "before" and text.endswith(rendered, 0, start)) or \
-                        (change.placement == "replace" and rendered == text[start:end]):
-                    report(change, MERGED, anchor=change.anchor, line=line, present=count,
-                           message=f"already present upstream at the anchor (line {line})")
-                    continue
-                if was is not None and count > was:
-                    at = _line(text, text.index(rendered, lo, hi))
-                    report(change, MERGED, anchor=change.anchor, line=at, present=count,
-                           message=f"the inserted text is already in {path} at line {at} "
-                           f"(the anchor is at line {line})")
-                    continue
-                report(change, "ok", anchor=change.anchor, line=line, present=count)
-                if change.placement == "after":
-                    spans.append((end, end, rendered))
-                elif change.placement == "before":
-                    spans.append((start, start, rendered))
-                else:
-                    spans.append((start, end, rendered))
-            if text is not None and spans:
-                for s, e, rendered in sorted(spans, reverse=True):
-                    text = text[:s] + rendered + text[e:]
-                overlay.write(path, text.encode("utf-8"))
+        if step.error is not None:
+            report("render-error", message=step.error.message)
+            return False
+        rendered = step.rendered
+        if change.placement == "create":
+            if step.before is None:
+                report("ok", message="new file")
+                return True
+            if step.before == rendered.encode("utf-8"):
+                report(MERGED, line=1, message="the file already exists upstream "
+                       "with exactly this content")
+            else:
+                report("file-exists", message=f"{path} already exists upstream "
+                       "with other content")
+            return False
+        if text is None:
+            report("file-missing", anchor=change.anchor,
+                   message=f"{path} does not exist (or is not UTF-8 text) upstream")
+            return False
+        lo, hi = anchors.scope(change, text)
+        count = text.count(rendered) if rendered.strip() else 0
+        in_scope = text.count(rendered, lo, hi) if rendered.strip() else 0
+        was = (baseline or {}).get(change.origin)
+        # with a baseline: more copies than at the old base (anywhere in the file: a
+        # `within_end` may now cut the merged text); without: a big copy in scope
+        grew = count > was if was is not None else (in_scope > 0 and _substantial(rendered))
+        if not in_scope:
+            lo, hi = 0, len(text)       # where a copy is looked up for the message
+        where = step.where
+        if isinstance(where, Miss):
+            if grew:
+                at = _line(text, text.index(rendered, lo, hi))
+                report(MERGED, anchor=change.anchor, line=at, present=count,
+                       message=f"the anchor moved or went, but the inserted text is "
+                       f"already in {path} at line {at}")
+                return False
+            report(where.status, anchor=where.pattern, candidates=where.candidates, present=count,
+                   message=_failure_text(where.status, path, where.pattern, where.candidates,
+                                         base_label))
+            return False
+        start, end = where.start, where.end
+        line = _line(text, start)
+        if (change.placement == "after" and text.startswith(rendered, end)) or \
+                (change.placement == "before" and text.endswith(rendered, 0, start)) or \
+                (change.placement == "replace" and rendered == text[start:end]):
+            report(MERGED, anchor=change.anchor, line=line, present=count,
+                   message=f"already present upstream at the anchor (line {line})")
+            return False
+        if was is not None and count > was:
+            at = _line(text, text.index(rendered, lo, hi))
+            report(MERGED, anchor=change.anchor, line=at, present=count,
+                   message=f"the inserted text is already in {path} at line {at} "
+                   f"(the anchor is at line {line})")
+            return False
+        report("ok", anchor=change.anchor, line=line, present=count)
+        return True
+
+    walk_series(series, read_base, base_label, extra_vars, decide=decide)
     return reports
 
 

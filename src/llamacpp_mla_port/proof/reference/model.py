@@ -1,27 +1,6 @@
 """Independent float64 reference of the K3 DSpark draft forward pass.
 
-Written from shared/spec/draft-model.md (the published description of
-Inferact/Kimi-K3-DSpark), not from any llama.cpp code. It reads the HF checkpoint
-(config.json + safetensors, real tensor names) and the TARGET's token embedding and
-lm_head, and computes, for one sequence:
-
-  taps [C, T*E] -> context_proj -> context_norm -> per layer: kv_a_proj_with_mqa,
-  kv_a_layernorm on the latent, YaRN RoPE on the rope part at each context position
-  -> 576-wide (kv_lora + rope) context rows;
-  block ids [B] -> target embeddings -> N pre-norm MLA + SwiGLU layers attending
-  NON-causally over context rows + block rows -> final_norm -> target lm_head (base
-  logits) -> vanilla Markov head chained greedily (biased logits, greedy chain) and the
-  confidence head (logit and sigmoid).
-
-Attention is available in the absorbed form (scores in the kv_lora latent space, what an
-MLA runtime caches) and the decompressed form (per-head K/V rebuilt with kv_b_proj); the
-two are the same function, tests/proof/test_reference.py shows it numerically.
-
-Everything runs in float64 unless `forward` is given a precision.Precision: the absorbed
-form then rounds where a reduced-precision backend rounds (the K rows as the cache holds
-them, the query as the score kernel takes it, activations entering BF16 matmuls, ...), so a
-reduced-precision run can be compared like with like. Two knobs build the controls of
-parity.py, runtimes with a known mistake: `causal` and `kq_scale_factor`.
+Design and bounds: docs/proof.md#reference.
 """
 
 from __future__ import annotations

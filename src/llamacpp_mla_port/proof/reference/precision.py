@@ -1,44 +1,6 @@
 """Where ggml's CPU backend rounds the draft's numbers, and numpy round-trips that do the same.
 
-The float64 reference (reference.py) is the correctness proof for the F32 run. A run in
-reduced precision differs from it by the roundings the backend makes on purpose, and those
-dwarf every other difference; so a bound on "llama.cpp vs float64" must be loose, and a
-loose bound lets real mistakes through (an attention scale 1 % off moves the logits by
-~1e-4). Here the reference is told where the backend rounds, so that like is compared with
-like and the bound can stay tight; `EXACT` (no rounding) stays the default.
-
-What the CPU backend does (ggml/src/ggml-cpu at the pin; x86 and generic builds):
-
-* KV cache. `cpy_k` (set_rows) stores each K row in the cache type: F16 round to nearest
-  even (F16C or ggml_compute_fp32_to_fp16), BF16 likewise, Q8_0 by quantize_row_q8_0 (per
-  32 values: d = amax/127 stored as F16, q = round(x/d)). For MLA the cache holds K only
-  and V is a view of its first kv_lora values, so V is rounded exactly as K is.
-* Attention without flash attention (llm_graph_context::build_attn_mha): kq = mul_mat(K, Q)
-  converts Q to K's vec_dot_type (F16 for an F16 cache); softmax in F32; kqv =
-  mul_mat(V^T, P) converts the probabilities P to V's vec_dot_type. Sums are F32.
-  A quantized V cache is refused without flash attention.
-* CPU flash attention (ops.cpp, ggml_compute_forward_flash_attn_ext_f16): an F32 cache is
-  cast to F16 first (llama-graph). For a block of 2..63 query rows the one-chunk kernel runs:
-  Q is converted to K's vec_dot_type (F16 -> F16, Q8_0 -> Q8_0, BF16 -> BF16), scores are
-  F32, the online softmax walks the cache rows in order, and for an F16 V the accumulator
-  itself is F16: every `V = V*ms` and `V += v*vs` rounds to F16 (the error that grows with
-  context). Other V types accumulate in F32. 64 or more query rows take the tiled kernel
-  (Q stays F32, F32 accumulator); a single query row over 512+ cells takes the KV-split
-  kernel, which is not emulated (an error says so).
-* RoPE (ops.cpp, rope_yarn): the rotation angles are computed in F32; far from position 0
-  they are off the exact ones by ~1e-5 rad, which decides F16 roundings of the rotated
-  query and key values, so an emulating reference uses the same F32 angles (yarn.angles_f32).
-* Matmuls with weights: mul_mat converts the activation (src1) to the weight's vec_dot_type
-  before the dot products (llamafile's tinyBLAS needs the same on x86): F32 weights keep F32
-  activations, BF16 weights see BF16 activations, F16 weights F16, Q8_0 weights Q8_0.
-  get_rows (the Markov rows, token embeddings) converts exactly.
-
-Roundings are named by ggml type ("f16", "bf16", "q8_0"); None means none. Activation
-roundings are keyed by the GGUF tensor name of the weight (draft tensors, and the target's
-"output.weight" for the lm_head). The reference reads weights from the checkpoint, so the
-checkpoint must hold the GGUF's weights losslessly (F32 or BF16 checkpoints converted to
-their own type).
-Not emulated: ARM builds with FP16 vector arithmetic accumulate F16 dot products in F16.
+Design and bounds: docs/proof.md#precision.
 """
 
 from __future__ import annotations

@@ -1,0 +1,136 @@
+"""Locating a change's anchor in a file's text: the one implementation render and rebase use.
+
+An anchor (text or regex) must match exactly once, inside the `within` scope when one is given
+(from the end of the unique `within` match up to the first `within_end` after it).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+
+from llamacpp_mla_port.errors import AnchorError
+from llamacpp_mla_port.series.spec import Change
+
+
+def find_all(pattern: str, text: str, regex: bool, start: int = 0,
+             end: int | None = None) -> list[tuple[int, int]]:
+    """Every (start, end) of `pattern` in text[start:end] (overlapping plain matches too)."""
+    end = len(text) if end is None else end
+    if regex:
+        return [(m.start(), m.end()) for m in re.compile(pattern, re.M).finditer(text, start, end)]
+    out, i = [], text.find(pattern, start, end)
+    while i != -1 and i + len(pattern) <= end:
+        out.append((i, i + len(pattern)))
+        i = text.find(pattern, i + 1, end)
+    return out
+
+
+def line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def nearest_lines(text: str, anchor: str, limit: int = 3) -> list[str]:
+    """The lines of `text` most similar to the anchor's first non-blank line."""
+    first = next((ln.strip() for ln in anchor.splitlines() if ln.strip()), anchor.strip())
+    lines = text.splitlines()
+    scored = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        ratio = difflib.SequenceMatcher(None, first, line.strip(), autojunk=False).quick_ratio()
+        if ratio >= 0.5:
+            scored.append((ratio, no, line))
+    scored.sort(key=lambda t: (-t[0], t[1]))
+    best = []
+    for ratio, no, line in scored[: limit * 8]:
+        real = difflib.SequenceMatcher(None, first, line.strip(), autojunk=False).ratio()
+        best.append((real, no, line))
+    best.sort(key=lambda t: (-t[0], t[1]))
+    return [f"{no}: {line.strip()}" for _, no, line in best[:limit]]
+
+
+def scope(change: Change, text: str) -> tuple[int, int]:
+    """The part of `text` the change's anchor is searched in (the whole text when the
+    `within` scope is not unique; up to the end when `within_end` is not found)."""
+    if change.within is None:
+        return 0, len(text)
+    scopes = find_all(change.within, text, change.regex)
+    if len(scopes) != 1:
+        return 0, len(text)
+    lo = scopes[0][1]
+    if change.within_end is not None:
+        ends = find_all(change.within_end, text, change.regex, lo)
+        if ends:
+            return lo, ends[0][0]
+    return lo, len(text)
+
+
+@dataclass(frozen=True)
+class Located:
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Miss:
+    """Why a change's anchor was not located exactly once."""
+    what: str                    # "within" | "within_end" | "anchor"
+    pattern: str                 # the pattern that failed
+    count: int                   # how often it matched where it was searched
+    candidates: list[str] = field(default_factory=list)   # "LINE: text" of near or all hits
+
+    @property
+    def status(self) -> str:     # e.g. "anchor-missing", "within-ambiguous"
+        return f"{self.what}-{'missing' if self.count == 0 else 'ambiguous'}"
+
+    def error(self, change: Change, text: str, base_label: str) -> AnchorError:
+        where = f"{change.file} at base {base_label}"
+        if self.count == 0:
+            cand = ("; nearest candidate lines: " + " | ".join(self.candidates)) \
+                if self.candidates else "; no similar lines"
+            return AnchorError(
+                f"{change.origin}: {self.what} not found in {where}: "
+                f"{_short(self.pattern)!r}{cand}",
+                "upstream moved: update the anchor in the commit.toml (or run `llamacpp-mla-port "
+                "rebase`); nothing was written")
+        lines = [line_of(text, s) for s, _ in find_all(self.pattern, text, change.regex)]
+        return AnchorError(
+            f"{change.origin}: {self.what} matches {self.count} times in {where} (lines "
+            f"{', '.join(map(str, lines[:10]))}): {_short(self.pattern)!r}",
+            "make the anchor unique: add context lines, or narrow it with `within`/`within_end`; "
+            "nothing was written")
+
+
+def _short(s: str) -> str:
+    s = s.strip("\n")
+    lines = s.splitlines()
+    return lines[0] + (f" ... (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
+
+
+def _miss(what: str, pattern: str, text: str, hits: list[tuple[int, int]]) -> Miss:
+    if not hits:
+        return Miss(what, pattern, 0, nearest_lines(text, pattern))
+    lines = text.splitlines()
+    return Miss(what, pattern, len(hits),
+                [f"{line_of(text, s)}: {lines[line_of(text, s) - 1].strip()}" for s, _ in hits[:5]])
+
+
+def locate(change: Change, text: str) -> Located | Miss:
+    """Where the change's anchor is in `text`, or why it is not there exactly once."""
+    lo, hi = 0, len(text)
+    if change.within is not None:
+        scopes = find_all(change.within, text, change.regex)
+        if len(scopes) != 1:
+            return _miss("within", change.within, text, scopes)
+        lo = scopes[0][1]
+        if change.within_end is not None:
+            ends = find_all(change.within_end, text, change.regex, lo)
+            if not ends:
+                return _miss("within_end", change.within_end, text, ends)
+            hi = ends[0][0]
+    hits = find_all(change.anchor, text, change.regex, lo, hi)
+    if len(hits) != 1:
+        return _miss("anchor", change.anchor, text, hits)
+    return Located(*hits[0])
