@@ -19,8 +19,8 @@ from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG
 from llamacpp_mla_port.errors import BuildError, SeriesError
 from llamacpp_mla_port.source import obtain
 from llamacpp_mla_port.upstreaming.lint import EditorConfig, flake8_findings, whitespace_findings
-from llamacpp_mla_port.upstreaming.pr import (PrOptions, check_commits, checklist, introduced, make_pr,
-                                              model_naming_errors, tree_checks, ty_findings)
+from llamacpp_mla_port.upstreaming.lint import introduced, model_naming_errors, tree_checks, ty_findings
+from llamacpp_mla_port.upstreaming.pr import PrOptions, check_commits, checklist, make_pr
 from tests.helpers.upstream_drift import GRAPH, Project, make_world
 
 IDENT = gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z")

@@ -8,6 +8,7 @@ import fnmatch
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -203,4 +204,100 @@ def flake8_findings(tree: Path, files: Iterable[str]) -> list[Finding]:
                                m["msg"]))
     if proc.returncode not in (0, 1) or (proc.returncode == 1 and not out):
         out.append(Finding("flake8", "", None, "error", (proc.stderr or proc.stdout).strip()[-500:]))
+    return out
+
+
+# ------------------------------------------------------------- upstream's PR checks
+#: the ty version upstream's python-type-check.yml pins
+TY_VERSION = "0.0.84"
+_POSITION = re.compile(r":\d+(?::\d+)?(?=:)")
+
+
+def _unplaced(line: str) -> str:
+    """A finding without its line/column, so base and patched findings compare."""
+    return _POSITION.sub("", line, count=1).strip()
+
+
+def model_naming_errors(tree: Path) -> list[str]:
+    """code-style.yml's model-naming rule: every `case LLM_ARCH_X: return new llama_model_x(`
+    in src/llama-model.cpp has matching names and a src/models/x.cpp."""
+    path = tree / "src" / "llama-model.cpp"
+    if not path.is_file():
+        return []
+    pairs = re.findall(r"case\s+(LLM_ARCH_\w+)\s*:\s*\n\s+return new (llama_model_\w+)\s*\(",
+                       path.read_text(errors="replace"))
+    errors = []
+    for arch, cls in pairs:
+        suffix, csuffix = arch[len("LLM_ARCH_"):], cls[len("llama_model_"):]
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", suffix):
+            errors.append(f"{arch}: suffix not upper snake case")
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", csuffix):
+            errors.append(f"{arch}: class suffix not lower snake case")
+        elif suffix.lower() != csuffix:
+            errors.append(f"{arch}: arch/class name mismatch ({cls})")
+        elif not (tree / "src" / "models" / (csuffix.replace("_", "-") + ".cpp")).is_file():
+            errors.append(f"{arch}: no src/models/{csuffix.replace('_', '-')}.cpp")
+    return errors
+
+
+def ty_findings(tree: Path) -> list[str] | str:
+    """`ty check` with the tree's ty.toml, as python-type-check.yml runs it; a string says
+    why it did not run."""
+    exe = shutil.which("ty", path=str(Path(sys.executable).parent)) or shutil.which("ty")
+    if exe is None:
+        return f"ty is not installed (pip install ty=={TY_VERSION})"
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.split()
+    if version[-1:] != [TY_VERSION]:
+        return f"ty {' '.join(version[1:])} is not the pinned {TY_VERSION}"
+    proc = subprocess.run([exe, "check", "--exit-zero-on-warning", "--output-format=concise",
+                           "--python", sys.prefix], cwd=tree, capture_output=True, text=True)
+    return [ln for ln in proc.stdout.splitlines() if re.match(r"^\S+:\d+:\d+: ", ln)]
+
+
+def pretokenizer_findings(tree: Path) -> list[str] | str:
+    """pre-tokenizer-hashes.yml: convert_hf_to_gguf_update.py --check-missing must leave
+    conversion/base.py as it is (the file is restored either way)."""
+    script, base_py = tree / "convert_hf_to_gguf_update.py", tree / "conversion" / "base.py"
+    if not script.is_file() or not base_py.is_file():
+        return "the tree has no convert_hf_to_gguf_update.py / conversion/base.py"
+    before = base_py.read_bytes()
+    try:
+        proc = subprocess.run([sys.executable, script.name, "--check-missing"], cwd=tree,
+                              capture_output=True, text=True, timeout=600)
+        after = base_py.read_bytes()
+    finally:
+        base_py.write_bytes(before)
+    if proc.returncode != 0:
+        return f"convert_hf_to_gguf_update.py failed (exit {proc.returncode}): {proc.stderr[-300:]}"
+    return [] if after == before else ["conversion/base.py: pre-tokenizer hashes are not up to date"]
+
+
+def tree_checks(tree: Path, files: list[str], whole: dict | None = None) -> dict[str, list[str] | str]:
+    """Upstream's no-compile PR checks on one checked-out tree: flake8 (+ flake8-no-print)
+    and the editorconfig rules on `files`; ty, model naming and pre-tokenizer hashes on the
+    whole tree (taken from `whole` when given: the same tree checked before)."""
+    if whole is None:
+        ty = ty_findings(tree)
+        whole = {"ty": [_unplaced(x) for x in ty] if isinstance(ty, list) else ty,
+                 "model-naming": model_naming_errors(tree),
+                 "pre-tokenizer": pretokenizer_findings(tree)}
+    return {
+        "flake8": [_unplaced(str(f)) for f in flake8_findings(tree, files)],
+        "editorconfig": [_unplaced(str(f)) for f in whitespace_findings(tree, files)],
+        **{k: whole[k] for k in ("ty", "model-naming", "pre-tokenizer")},
+    }
+
+
+def introduced(base: dict, patched: dict) -> dict:
+    """Per check: findings on the base, on the patched tree, and those the patch adds
+    (compared without line numbers, as multisets)."""
+    from collections import Counter
+    out = {}
+    for name in patched:
+        b, p = base.get(name), patched[name]
+        if isinstance(b, str) or isinstance(p, str):
+            out[name] = {"ran": False, "note": p if isinstance(p, str) else b}
+            continue
+        added = list((Counter(p) - Counter(b or [])).elements())
+        out[name] = {"ran": True, "base": len(b or []), "patched": len(p), "introduced": added}
     return out
