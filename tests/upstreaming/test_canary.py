@@ -126,6 +126,39 @@ def _ccache_log(path: Path) -> dict[str, str]:
     return results
 
 
+def _commit_stamped_sources(build_dir: Path, main_build: Path) -> set[Path]:
+    """Sources that must miss in another tree: CMake writes the tree's commit into generated
+    files (ggml-version.h, build-info.cpp); those that differ from the main build's copy, and
+    every source whose Ninja deps include one, cannot share a cache entry."""
+    generated = {p for p in build_dir.rglob("*") if p.suffix in (".h", ".c", ".cpp")
+                 and "CMakeFiles" not in p.parts and p.is_file()}
+    changed = {p.resolve() for p in generated
+               if not (main_build / p.relative_to(build_dir)).is_file()
+               or (main_build / p.relative_to(build_dir)).read_bytes() != p.read_bytes()}
+    deps: dict[str, list[Path]] = {}           # object: its source first, then what it includes
+    if (build_dir / "build.ninja").is_file():   # Ninja keeps them in its log, not in .d files
+        obj = ""
+        for line in subprocess.run(["ninja", "-C", str(build_dir), "-t", "deps"], capture_output=True,
+                                   text=True, check=True).stdout.splitlines():
+            if line and not line[0].isspace():
+                obj = line.split(":", 1)[0]
+            elif obj and line.strip():
+                deps.setdefault(obj, []).append((build_dir / line.strip()).resolve())
+    for d in build_dir.rglob("*.o.d"):          # Make: the compiler's own dep files stay,
+        cwd = next(a.parent for a in d.parents if a.name == "CMakeFiles")  # paths from its dir
+        words = d.read_text(errors="replace").replace("\\\n", " ").split()
+        deps[str(d)] = [(cwd / w).resolve() for w in words[1:]]
+    return changed | {files[0] for files in deps.values() if files and changed.intersection(files)}
+
+
+def _is_stamped(logged: str, stamped: set[Path]) -> bool:
+    """ccache logs a source as the compiler saw it: relative to the compile's dir under a base dir."""
+    if Path(logged).is_absolute():
+        return Path(logged).resolve() in stamped
+    tail = "/" + re.sub(r"^(\.\./|\./)+", "", logged)
+    return any(str(s).endswith(tail) for s in stamped)
+
+
 @pytest.mark.build
 def test_a_hunk_that_does_not_compile_ends_at_build_with_the_compiler_file_and_line(
         world, tmp_path, capsys, llama_build):
@@ -162,7 +195,11 @@ def test_a_hunk_that_does_not_compile_ends_at_build_with_the_compiler_file_and_l
         missed = sorted(f for f, r in compiles.items() if r == "miss")
         print(f"canary build: ccache {len(compiles) - len(missed)} hits, {len(missed)} misses")
         assert len(compiles) > len(missed), compiles
-        assert [f for f in missed if "/Unity/unity_" not in f] == [], missed
+        stamped = _commit_stamped_sources(Path(report["build_dir"]), llama_build)
+        print(f"canary build: sources stamped with the tree's commit: {sorted(stamped)}")
+        # the control: the canary tree's commit is not the main tree's, so its version header differs
+        assert any(s.name == "ggml-version.h" for s in stamped), stamped
+        assert [f for f in missed if "/Unity/unity_" not in f and not _is_stamped(f, stamped)] == [], missed
     else:
         print("canary build: ccache is off here, its cache sharing was not checked")
 
