@@ -308,3 +308,19 @@ def test_ty_at_the_pinned_version_finds_what_a_change_adds(tmp_path, base_files)
     got = introduced(base, patched)
     assert [x.split(":")[0] for x in got["ty"]["introduced"]] == ["bad.py"], got
     assert got["flake8"]["introduced"] == [] and got["pre-tokenizer"]["ran"] is False
+
+
+def test_every_evidence_command_selects_tests_that_exist():
+    """An evidence line a reviewer runs must run something: each pytest command in port.toml
+    collects at least one test (a moved file or a renamed test would collect none)."""
+    import shlex
+    from llamacpp_mla_port.series.spec import load_series
+    repo = Path(__file__).resolve().parents[2]
+    commands = [ev.command for st in load_series(repo / "templates").stacks for ev in st.evidence]
+    pytest_cmds = [c for c in commands if " -m pytest " in c]
+    assert pytest_cmds, commands
+    for cmd in pytest_cmds:
+        args = shlex.split(cmd.split(" -m pytest ", 1)[1])
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=repo,
+                             capture_output=True, text=True)
+        assert out.returncode == 0 and " collected" in out.stdout, f"{cmd}:\n{out.stdout[-2000:]}{out.stderr[-1000:]}"
