@@ -67,7 +67,7 @@ smoke: build
 	$(TOOL) smoke
 
 parity: $(STAMP)
-	$(TOOL) parity --build $(PARITY_BUILD)
+	$(TOOL) parity --build-dir $(PARITY_BUILD)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -4,16 +4,17 @@
 (`pipeline.patch` into the default work dir, exporting into a temporary patches dir so the
 tests never rewrite the checked-in patches/). `llama_build`: its CMake build dir, configured
 with the RPC backend (`make build`'s one configuration).
-MLA_PORT_TREE / MLA_PORT_BUILD point both at another tree/build (development).
+MLA_PORT_TREE / MLA_PORT_BUILD point both at another tree/build (development; read through
+project.env, so the old LLAMACPP_MLA_PORT_* names work too).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from llamacpp_mla_port import project
 from llamacpp_mla_port.series import pipeline
 from llamacpp_mla_port.source import obtain
 from llamacpp_mla_port.source.pin import load_pin
@@ -32,7 +33,7 @@ def sdist_tarball(pin) -> Path:
 
 @pytest.fixture(scope="session")
 def patched_tree(tmp_path_factory) -> Path:
-    override = os.environ.get("MLA_PORT_TREE")
+    override = project.env("TREE")
     if override:
         return Path(override)
     patches = tmp_path_factory.mktemp("patches")
@@ -42,10 +43,10 @@ def patched_tree(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def llama_build(patched_tree) -> Path:
-    override = os.environ.get("MLA_PORT_BUILD")
+    override = project.env("BUILD")
     if override:
         return Path(override)
     from llamacpp_mla_port.build import DEFAULT_TARGETS, ensure_build
     # one build for every test: with the RPC backend and ggml-rpc-server (test_rpc), which
     # the other tests run on unchanged
-    return Path(ensure_build(patched_tree, pipeline.Options().workspace().build_dir, DEFAULT_TARGETS, rpc=True))
+    return Path(ensure_build(patched_tree, project.places().work_build, DEFAULT_TARGETS, rpc=True))

@@ -100,7 +100,7 @@ def test_the_package_has_no_import_cycles():
 # ------------------------------------------------------------------------------ layer order
 #: The families of the package, top to bottom. A family imports only families on a line below
 #: its own; the families sharing a line do not import each other. `project` is the place
-#: resolver (places.py to be), `stages` the stage runner to be.
+#: resolver (project.Places, every place: tests below), `stages` the stage runner.
 LAYERS: list[tuple[str, ...]] = [
     ("cli",),
     ("commands",),
@@ -277,3 +277,75 @@ def test_find_walks_up_like_git(tmp_path):
     deep.mkdir(parents=True)
     assert project.find(deep) == root.resolve()
     assert project.find(tmp_path) is None
+
+
+# ------------------------------------------------------------------- one resolver of places
+#: names project.Places reads through project.env(); nobody else may
+PLACE_ENV_NAMES = {"WORK_DIR", "TREE", "BUILD", "CANARY_DIR", "CACHE", "PROOF_BIN", "PROJECT"}
+ENV_PREFIXES = (project.ENV_PREFIX, project.OLD_ENV_PREFIX)
+
+
+def place_violations(sources: dict[str, str]) -> list[str]:
+    """Every place decided outside project.py: a read of a MLA_PORT_* / LLAMACPP_MLA_PORT_*
+    environment variable (os.environ / os.getenv, by literal or module constant), a
+    project.env() of a place's name, or a path computed from "work" / "work-canary"."""
+    out = []
+    for name, text in sources.items():
+        tree = ast.parse(text)
+        consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                  and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                  for t in n.targets if isinstance(t, ast.Name)}
+
+        def value(node):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                return node.value
+            return consts.get(node.id) if isinstance(node, ast.Name) else None
+
+        for node in ast.walk(tree):
+            what = None
+            if isinstance(node, ast.Call) and node.args:
+                func = ast.unparse(node.func)
+                arg = value(node.args[0])
+                if func in ("os.environ.get", "environ.get", "os.getenv", "getenv") and arg \
+                        and arg.startswith(ENV_PREFIXES):
+                    what = f"reads ${arg}"
+                elif func in ("project.env", "env") and arg in PLACE_ENV_NAMES:
+                    what = f"reads $MLA_PORT_{arg}"
+                elif func in ("Path", "pathlib.Path") and arg and arg.split("/")[0] in ("work", "work-canary"):
+                    what = f"computes {ast.unparse(node)}"
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ"):
+                arg = value(node.slice)
+                if arg and arg.startswith(ENV_PREFIXES):
+                    what = f"reads ${arg}"
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) \
+                    and value(node.right) in ("work", "work-canary") and isinstance(node.right, ast.Constant):
+                what = f"computes {ast.unparse(node)}"
+            if what:
+                out.append(f"{name}:{node.lineno}: {what} (ask project.places())")
+    return out
+
+
+def test_the_place_checker_finds_the_old_scattered_decisions():
+    # lines of the code before the resolver (series/worktree, upstreaming/canary, device/bundle,
+    # source/obtain, proof/run/programs): each is found
+    old = {
+        "worktree": 'import os\ntree = tree or os.environ.get("MLA_PORT_TREE")\n',
+        "project_work_dir": 'env = os.environ.get("MLA_PORT_WORK_DIR")\nw = Path(env) if env else root / "work"\n',
+        "canary": 'ENV_DIR = "MLA_PORT_CANARY_DIR"\n'
+                  'def d():\n    env = os.environ.get(ENV_DIR)\n'
+                  '    return Path(env) if env else project.current().root / "work-canary"\n',
+        "bundle": 'BUNDLE_REL = Path("work") / "device-bundle"\n',
+        "obtain": 'root = project.env("CACHE")\n',
+        "programs": 'base = os.environ["MLA_PORT_PROOF_BIN"]\n',
+    }
+    found = place_violations(old)
+    assert {f.split(":")[0] for f in found} == set(old), found
+    assert len(found) == 8, found
+    assert place_violations({"fine": 'x = project.places().work_dir / "bench"\n'
+                                     'y = os.environ.get("XDG_CACHE_HOME")\nz = project.env("PYPI")\n'}) == []
+
+
+def test_only_project_decides_where_things_are():
+    sources = {name: path.read_text() for name, path in _modules().items() if name != "llamacpp_mla_port.project"}
+    problems = place_violations(sources)
+    assert problems == [], "\n".join(problems)

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = verb.parse_args(rest)
     try:
         project.select(project_dir)
+        project.begin(vars(args))          # the run's places: its flags > env > the checkout
         return int(module.run(args) or 0)
     except PortError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         project.select(None)
+        project.end()
 
 
 if __name__ == "__main__":

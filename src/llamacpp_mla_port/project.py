@@ -1,10 +1,12 @@
-"""The project checkout the tool acts on: found from the current directory, like git.
+"""Every place the tool reads or writes, decided here and nowhere else.
 
-A checkout is a folder holding `templates/pin.toml` and `templates/series/`. The tool never
-takes it from where the package is installed: one installed CLI serves every checkout, and
-acts on the one you stand in (or the one `--project DIR` / `$MLA_PORT_PROJECT` names).
-Verbs that only read files you name (doctor, draft-logits with explicit paths) need none.
+The checkout (a folder holding `templates/pin.toml` and `templates/series/`) is found from
+the current directory like git, never from where the package is installed; `--project DIR`
+/ `$MLA_PORT_PROJECT` name another. `Places` resolves the rest from it: for each place the
+verb's flag, else the environment (`env()`: MLA_PORT_*, the old LLAMACPP_MLA_PORT_* still
+read), else the checkout's default. `cli.main` builds one per run (`begin`); `places()` is it.
 
+    places(**flags)      the run's Places, with these flags on top (library calls, tests)
     current()            the selected checkout (raises ProjectError outside one)
     select(path)         what `--project DIR` does (None: back to discovery)
     find(start)          the nearest checkout at or above `start`, or None
@@ -13,8 +15,9 @@ Verbs that only read files you name (doctor, draft-logits with explicit paths) n
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from llamacpp_mla_port.errors import ProjectError
 
@@ -48,12 +51,6 @@ class Project:
     def pin_file(self) -> Path:
         return self.templates_dir / "pin.toml"
 
-    @property
-    def work_dir(self) -> Path:
-        """The tool-owned work dir: $MLA_PORT_WORK_DIR, else <root>/work."""
-        env = os.environ.get("MLA_PORT_WORK_DIR")
-        return Path(env) if env else self.root / "work"
-
 
 _selected: Path | None = None
 
@@ -84,16 +81,6 @@ def select(path: Path | str | None) -> None:
     _selected = path
 
 
-def resolve_dirs(templates_dir: Path | None, patches_dir: Path | None) -> tuple[Path, Path]:
-    """(templates_dir, patches_dir): the ones given, the current checkout's for those left None."""
-    if templates_dir is None or patches_dir is None:
-        here = current()
-        templates_dir = here.templates_dir if templates_dir is None else templates_dir
-        patches_dir = here.patches_dir if patches_dir is None else patches_dir
-    # absolute: git commands run in the work tree, where a relative path names something else
-    return Path(templates_dir).absolute(), Path(patches_dir).absolute()
-
-
 def current() -> Project:
     """The checkout to act on: --project, else $MLA_PORT_PROJECT, else found from the cwd upward."""
     if _selected is not None:
@@ -112,3 +99,167 @@ def current() -> Project:
             f"{' and '.join(MARKERS)})",
             "cd into your checkout of the project, or pass --project DIR")
     return Project(root)
+
+
+# ------------------------------------------------------------------------------ the places
+#: the flags that name a place (argparse dests), shared by the verbs (commands/common.py)
+PLACE_FLAGS = ("templates_dir", "patches_dir", "work_dir", "tree", "build_dir", "canary_dir")
+
+
+def tree_in(work_dir: Path) -> Path:
+    """The llama.cpp work tree inside a tool-owned work dir (work/, a canary dir, ...)."""
+    return Path(work_dir) / "llama.cpp"
+
+
+def build_in(work_dir: Path) -> Path:
+    """Its CMake build dir, beside it."""
+    return Path(work_dir) / "build"
+
+
+def _user_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"))
+
+
+@dataclass(frozen=True)
+class Places:
+    """The places of one run. `flags` holds what the verb's flags (or a library caller) gave;
+    each property applies flag > environment > checkout default when asked, so the checkout
+    is looked up only for a place under it (verbs given explicit paths need none)."""
+
+    flags: Mapping[str, Path] = field(default_factory=dict)
+
+    def _flag(self, name: str) -> Path | None:
+        return self.flags.get(name)
+
+    # ---------------------------------------------------------------- the checkout
+    @property
+    def root(self) -> Path:
+        return current().root
+
+    @property
+    def templates_dir(self) -> Path:
+        # absolute: git commands run in the work tree, where a relative path names something else
+        return Path(self._flag("templates_dir") or current().templates_dir).absolute()
+
+    @property
+    def patches_dir(self) -> Path:
+        return Path(self._flag("patches_dir") or current().patches_dir).absolute()
+
+    @property
+    def pin_file(self) -> Path:
+        return self.templates_dir / "pin.toml"
+
+    # ---------------------------------------------------------------- the work dir
+    @property
+    def work_dir(self) -> Path:
+        """The tool-owned work dir: --work-dir, else $MLA_PORT_WORK_DIR, else <root>/work."""
+        given = self._flag("work_dir") or env("WORK_DIR")
+        return Path(given) if given else self.root / "work"
+
+    @property
+    def work_tree(self) -> Path:
+        """What `patch` writes: the work dir's llama.cpp/ (never redirected by the environment)."""
+        return tree_in(self.work_dir)
+
+    @property
+    def work_build(self) -> Path:
+        return build_in(self.work_dir)
+
+    @property
+    def owned_tree(self) -> Path:
+        """What `build` compiles: --tree, else the work tree ($MLA_PORT_TREE redirects only reads)."""
+        return Path(self._flag("tree") or self.work_tree)
+
+    @property
+    def owned_build(self) -> Path:
+        return Path(self._flag("build_dir") or self.work_build)
+
+    # ---------------------------------------------------------------- what the proof reads
+    @property
+    def tree(self) -> Path:
+        """The patched tree the proof and the tree-reading verbs use: --tree, else the
+        --work-dir's, else $MLA_PORT_TREE, else the work tree."""
+        return self._read("tree", "TREE", tree_in)
+
+    @property
+    def build_dir(self) -> Path:
+        """Its build dir: --build-dir, else the --work-dir's, else $MLA_PORT_BUILD, else the work build."""
+        return self._read("build_dir", "BUILD", build_in)
+
+    def _read(self, flag: str, env_name: str, inside) -> Path:
+        if self._flag(flag):
+            return Path(self._flag(flag))
+        given = None if self._flag("work_dir") else env(env_name)   # an explicit work dir beats the env
+        # the work dir (and so the checkout) only when needed: explicit paths need no checkout
+        return Path(given) if given else inside(self.work_dir)
+
+    # ---------------------------------------------------------------- other dirs
+    @property
+    def canary_dir(self) -> Path:
+        """The canary's own work dir: --canary-dir, else $MLA_PORT_CANARY_DIR, else <root>/work-canary."""
+        given = self._flag("canary_dir") or env("CANARY_DIR")
+        return Path(given) if given else self.root / "work-canary"
+
+    @property
+    def bench_dir(self) -> Path:
+        return self.work_dir / "bench"
+
+    @property
+    def bench_rpc_dir(self) -> Path:
+        return self.work_dir / "bench-rpc"
+
+    @property
+    def device_bundle(self) -> Path:
+        """<root>/work/device-bundle: under the checkout whatever the work dir, because the
+        device call carries checkout-relative paths (device/bundle.DEVICE_CALL)."""
+        return self.root / "work" / "device-bundle"
+
+    @property
+    def device_dry_out(self) -> Path:
+        return self.root / "work" / "device-check"
+
+    # ---------------------------------------------------------------- caches (per user)
+    @property
+    def cache_dir(self) -> Path:
+        """$MLA_PORT_CACHE (or the old $LLAMACPP_MLA_PORT_CACHE), else $XDG_CACHE_HOME/llamacpp-mla-port."""
+        given = env("CACHE")
+        return Path(given) if given else _user_cache() / "llamacpp-mla-port"
+
+    @property
+    def base_cache(self) -> Path:
+        """The obtain cache: a bare git repo holding every base fetched or imported."""
+        return self.cache_dir / "base.git"
+
+    @property
+    def sdist_cache(self) -> Path:
+        return self.cache_dir / "sdist"
+
+    @property
+    def proof_bin_dir(self) -> Path:
+        """The compiled proof programs: $MLA_PORT_PROOF_BIN, else
+        $XDG_CACHE_HOME/llamacpp-mla-port/proof-bin (not under $MLA_PORT_CACHE, as before)."""
+        given = env("PROOF_BIN")
+        return Path(given) if given else _user_cache() / "llamacpp-mla-port" / "proof-bin"
+
+
+_run: Places = Places()
+
+
+def begin(flags: Mapping[str, object]) -> None:
+    """The run's places, from the verb's parsed flags (`cli.main`, once per run)."""
+    global _run
+    _run = Places({k: Path(v) for k in PLACE_FLAGS if (v := flags.get(k)) is not None})
+
+
+def end() -> None:
+    global _run
+    _run = Places()
+
+
+def places(**flags: Path | str | None) -> Places:
+    """The run's places, with the given (non-None) flags on top."""
+    given = {k: Path(v) for k, v in flags.items() if v is not None}
+    unknown = set(given) - set(PLACE_FLAGS)
+    if unknown:
+        raise TypeError(f"not a place: {', '.join(sorted(unknown))}")
+    return Places({**_run.flags, **given}) if given else _run

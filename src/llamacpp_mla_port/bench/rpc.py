@@ -21,6 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
+from llamacpp_mla_port import project
 from llamacpp_mla_port.build import DEFAULT_TARGETS, ensure_build
 from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
 from llamacpp_mla_port.proof import lossless
@@ -58,13 +59,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n-predict", type=int, default=64)
-    ap.add_argument("--work", type=Path, default=Path("work") / "bench-rpc")
+    ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: <work dir>/bench-rpc)")
     args = ap.parse_args()
 
     opts = pipeline.Options()
     tree, build = opts.workspace().tree, opts.workspace().build_dir
     ensure_build(tree, build, DEFAULT_TARGETS, rpc=True, echo=False)
-    work = args.work.resolve()
+    work = (args.work or project.places().bench_rpc_dir).resolve()
     base = write_kimi_k3_target(build, work / "kimi-k3.gguf")
     pair = lossless.prepare_pair(tree, build, work / "pair", base, args.prompts, draft_names=("bigram",))
 

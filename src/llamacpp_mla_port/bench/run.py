@@ -467,7 +467,7 @@ def tool_timings(work: Path, threads: int, log=print) -> dict:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    root = project.current().root
+    root = project.places().root
     tool = [sys.executable, "-m", "llamacpp_mla_port"]
     wd = work / "w"
     patches = work / "patches"

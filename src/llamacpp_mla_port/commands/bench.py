@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from llamacpp_mla_port.commands.common import add_tree_args
+
 STAGES = ("models", "floors", "kv", "passes", "torch", "spec", "tool")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="report folder (default: <work dir>/bench): report.md, report.json, plots/, models/")
-    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
-    parser.add_argument("--build", type=Path, default=None, help="its build dir (default: the work build)")
+    add_tree_args(parser)
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for every measured pass (default: all cores)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per pass, after one warm-up (default 3)")
@@ -30,7 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from llamacpp_mla_port.bench.run import run_bench
     from llamacpp_mla_port.errors import PortError
-    from llamacpp_mla_port.series.worktree import default_work_dir, locate_build
+    from llamacpp_mla_port import project
+    from llamacpp_mla_port.series.worktree import locate_build
 
     stages = None
     if args.stages:
@@ -38,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
         unknown = sorted(set(stages) - set(STAGES))
         if unknown:
             raise PortError(f"unknown stage(s) {', '.join(unknown)}", hint=f"choose from {', '.join(STAGES)}")
-    tree, build = locate_build(args.tree, args.build)
-    out = args.out or default_work_dir() / "bench"
+    tree, build = locate_build(args.tree, args.build_dir)
+    out = args.out or project.places().bench_dir
     report = run_bench(tree, build, out, threads=args.threads, repeats=args.repeats,
                        reuse_models=args.reuse_models, stages=stages)
     seconds = report["last_partial_run_seconds"] if stages else report["total_seconds"]

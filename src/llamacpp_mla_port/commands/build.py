@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from llamacpp_mla_port import project
 from llamacpp_mla_port.build import DEFAULT_TARGETS, RPC_TARGETS, ensure_build
-from llamacpp_mla_port.series.worktree import default_work_dir, require_applied
+from llamacpp_mla_port.commands.common import add_tree_args
+from llamacpp_mla_port.series.worktree import require_applied
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="tool-owned work dir holding llama.cpp/ and build/ (default: ./work or $MLA_PORT_WORK_DIR)")
-    parser.add_argument("--tree", type=Path, default=None,
-                        help="llama.cpp source tree (default: <work-dir>/llama.cpp)")
-    parser.add_argument("--build-dir", type=Path, default=None,
-                        help="CMake build dir (default: <work-dir>/build)")
+    add_tree_args(parser, tree_help="llama.cpp source tree (default: <work-dir>/llama.cpp; "
+                                    "$MLA_PORT_TREE is for reading, never built)",
+                  build_help="CMake build dir (default: <work-dir>/build)")
     parser.add_argument("--target", dest="targets", action="append", default=None, metavar="TARGET",
                         help=f"build this target (repeatable; default: {' '.join(DEFAULT_TARGETS)})")
     parser.add_argument("--cmake-arg", dest="cmake_args", action="append", default=[], metavar="ARG",
@@ -32,9 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    work_dir = args.work_dir or default_work_dir()
-    tree = args.tree or work_dir / "llama.cpp"
-    build_dir = args.build_dir or work_dir / "build"
+    places = project.places(work_dir=args.work_dir, tree=args.tree, build_dir=args.build_dir)
+    tree, build_dir = places.owned_tree, places.owned_build
     require_applied(tree)
     targets = args.targets or list(DEFAULT_TARGETS)
     if not args.rpc:

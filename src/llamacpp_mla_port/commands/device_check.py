@@ -18,19 +18,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args
+
 
 def configure(parser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="after preparing, run the bundle here with CUDA off (work/device-check/)")
-    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
-    parser.add_argument("--build", type=Path, default=None,
-                        help="its CPU build, for the fixtures (default: the work build)")
+    add_tree_args(parser, build_help="its CPU build, for the fixtures (default: the work build, or $MLA_PORT_BUILD)")
     parser.add_argument("--bundle", type=Path, default=None, help="the bundle folder (default: work/device-bundle)")
     parser.add_argument("--prompts", type=int, default=8, help="lossless prompts (default 8)")
     g = parser.add_argument_group("the driver (run.sh)")
     g.add_argument("--run", action="store_true", help="run the check from --bundle (what run.sh does)")
     g.add_argument("--out", type=Path, default=None, help="report folder")
-    g.add_argument("--work", type=Path, default=None, help="scratch folder (tree, build, models)")
+    add_scratch_arg(g, "scratch folder (tree, build, models)")
     g.add_argument("--budget", type=float, default=None,
                    help="seconds for the whole run (default: 540 on the device, none in a dry run)")
     g.add_argument("--stages", default=None, help="comma-separated subset of build,fallback,parity,lossless,realsize")
@@ -48,20 +48,22 @@ def run(args) -> int:
     from llamacpp_mla_port.errors import DeviceCheckError
 
     if args.run:
-        if not (args.bundle and args.out and args.work):
-            raise DeviceCheckError("--run needs --bundle, --out and --work", hint="run the bundle's run.sh")
+        if not (args.bundle and args.out and args.scratch_dir):
+            raise DeviceCheckError("--run needs --bundle, --out and --scratch-dir (--work)",
+                                   hint="run the bundle's run.sh")
         budget = args.budget if args.budget is not None else (None if args.dry_run else device.DEVICE_BUDGET_S)
         stages = tuple(s for s in args.stages.split(",") if s) if args.stages else device.STAGES
-        report = run_check(args.bundle, args.out, args.work, args.dry_run, budget, stages)
+        report = run_check(args.bundle, args.out, args.scratch_dir, args.dry_run, budget, stages)
         sys.stdout.write(format_report(report))
         return 0 if report["ok"] else 1
 
     from llamacpp_mla_port import project
     from llamacpp_mla_port.series.worktree import locate_build
 
-    root = project.current().root
-    tree, build = locate_build(args.tree, args.build)
-    folder = args.bundle or root / device.BUNDLE_REL
+    places = project.places()
+    root = places.root
+    tree, build = locate_build(args.tree, args.build_dir)
+    folder = args.bundle or places.device_bundle
     manifest = device.prepare_bundle(tree, build, folder, repo_root=root, n_prompts=args.prompts, log=_log)
     sys.stdout.write((folder / "README.md").read_text())
     sys.stdout.write(f"\nbundle {folder}: {manifest['bundle_bytes']:,} B; with the checkout's travelling files "
@@ -69,5 +71,5 @@ def run(args) -> int:
     if not args.dry_run:
         return 0
     env = {**os.environ, "DRY_RUN": "1", "MLA_PYTHON": sys.executable,
-           "MLA_DEVICE_OUT": str(root / device.DRY_OUT_REL)}
+           "MLA_DEVICE_OUT": str(places.device_dry_out)}
     return subprocess.run(["bash", str(folder / "run.sh")], env=env).returncode

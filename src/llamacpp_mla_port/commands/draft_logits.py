@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.proof.reference.model import stream_taps
 from llamacpp_mla_port.proof.run.draft_logits import CACHE_TYPES, run_draft_logits
 from llamacpp_mla_port.proof.run.programs import compile_program
@@ -45,15 +46,14 @@ def configure(parser) -> None:
                         help="devices for the draft's layers, llama.cpp's names (RPC0, RPC1, ...; default: CPU)")
     parser.add_argument("--target-devices", default=None, metavar="DEV,...",
                         help="devices for the target (its token embeddings and lm_head serve the draft)")
-    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
-    parser.add_argument("--build", type=Path, default=None, help="its CMake build dir (default: the work build)")
+    add_tree_args(parser)
     parser.add_argument("--reference", type=Path, default=None,
                         help="HF checkpoint dir of the draft: also run the reference and print NMSE "
                              "(float64, and emulating the backend in a reduced precision)")
 
 
 def run(args) -> int:
-    tree, build = locate_build(args.tree, args.build)
+    tree, build = locate_build(args.tree, args.build_dir)
     binary = compile_program("draft-logits", tree, build)
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     ref = None

@@ -12,23 +12,24 @@ import sys
 from pathlib import Path
 
 from llamacpp_mla_port import project
+from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.doctor.loader_table import TABLE_NAME, generate, render
-from llamacpp_mla_port.series.worktree import default_work_dir
 
 #: where the table lives in a checkout (shipped as package data)
 TABLE_IN_CHECKOUT = Path("src") / "llamacpp_mla_port" / "doctor" / "data" / TABLE_NAME
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tree", type=Path, default=None,
-                        help="the patched llama.cpp tree (default: <work-dir>/llama.cpp, after `make patch`)")
+    add_tree_args(parser, build=False, tree_help="the patched llama.cpp tree (default: <work-dir>/llama.cpp, "
+                                                 "after `make patch`, or $MLA_PORT_TREE)")
     parser.add_argument("--write", action="store_true", help=f"rewrite {TABLE_IN_CHECKOUT} from the tree")
 
 
 def run(args: argparse.Namespace) -> int:
-    tree = args.tree or default_work_dir() / "llama.cpp"
+    places = project.places(work_dir=args.work_dir, tree=args.tree)
+    tree = places.tree
     fresh = render(generate(tree))
-    path = project.current().root / TABLE_IN_CHECKOUT
+    path = places.root / TABLE_IN_CHECKOUT
     if args.write:
         path.write_text(fresh, encoding="utf-8")
         print(f"wrote {path}")

@@ -1,7 +1,7 @@
 """`parity`: the draft's logit-parity matrix (3 shapes x 5 precision modes) against one build,
 and the per-mode threshold table (the work is proof/parity.py).
 
-    llamacpp-mla-port parity [--build DIR] [--tree DIR] [--work DIR] [--json]
+    llamacpp-mla-port parity [--build-dir DIR] [--tree DIR] [--scratch-dir DIR] [--json]
 
 Any build of the patched tree that has libllama and test-llama-archs will do, e.g. a
 portable one: `llamacpp-mla-port build --build-dir work/build-portable
@@ -16,16 +16,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args
 from llamacpp_mla_port.proof.parity import format_mode_table, run_matrix
 from llamacpp_mla_port.series.worktree import locate_build
 
 
 def configure(parser) -> None:
-    parser.add_argument("--build", type=Path, default=None,
-                        help="the CMake build dir to test (default: the work build)")
-    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
-    parser.add_argument("--work", type=Path, default=None,
-                        help="folder for checkpoints, runs and parity-report.json (default: a fresh temporary folder)")
+    add_tree_args(parser, build_help="the CMake build dir to test (default: the work build, or $MLA_PORT_BUILD)")
+    add_scratch_arg(parser, "folder for checkpoints, runs and parity-report.json (default: a fresh temporary folder)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print the mode table as JSON instead of text")
 
@@ -36,8 +34,8 @@ def _log(msg: str) -> None:
 
 
 def run(args) -> int:
-    tree, build = locate_build(args.tree, args.build)
-    work = args.work or Path(tempfile.mkdtemp(prefix="mla-port-parity-"))
+    tree, build = locate_build(args.tree, args.build_dir)
+    work = args.scratch_dir or Path(tempfile.mkdtemp(prefix="mla-port-parity-"))
     result = run_matrix(tree.resolve(), build.resolve(), work.resolve(), threads=args.threads, log=_log)
     table = result.report["modes"]
     if args.json:

@@ -9,17 +9,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.upstreaming.pr import PR_TARGETS, PrOptions, make_pr
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--work-dir", type=Path, metavar="DIR",
-                        help="tool-owned work dir with the applied series (default: ./work)")
+    add_tree_args(parser, tree=False, build=False)
     parser.add_argument("--patches-dir", type=Path, metavar="DIR")
     parser.add_argument("--templates-dir", type=Path, metavar="DIR")
     parser.add_argument("--evidence", type=Path, metavar="DIR",
                         help="where the evidence folder goes (default: <work-dir>/evidence)")
-    parser.add_argument("--build-dir", type=Path, metavar="DIR",
+    # not the work build (the proof runs on that): the per-commit builds' own dir
+    parser.add_argument("--build-dir", dest="pr_build_dir", type=Path, metavar="DIR",
                         help="build dir of the per-commit builds (default: <work-dir>/pr/build)")
     parser.add_argument("--target", dest="targets", action="append", metavar="TARGET",
                         help=f"target every commit must build (default: {' '.join(PR_TARGETS)})")
@@ -42,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     opts = PrOptions(work_dir=args.work_dir, patches_dir=args.patches_dir,
                      templates_dir=args.templates_dir, evidence=args.evidence,
-                     build_dir=args.build_dir, targets=tuple(args.targets or PR_TARGETS),
+                     build_dir=args.pr_build_dir, targets=tuple(args.targets or PR_TARGETS),
                      jobs=args.jobs, skip_build=args.skip_build, skip_smoke=args.skip_smoke,
                      smoke_args=tuple(args.smoke_args), skip_evidence=args.skip_evidence,
                      stacks=tuple(args.stacks), upstream_checks=not args.skip_upstream_checks)

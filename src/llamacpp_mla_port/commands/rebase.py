@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.errors import PortError
 from llamacpp_mla_port.source.obtain import SOURCES
 from llamacpp_mla_port.upstreaming.rebase import RebaseOptions, format_text, rebase
@@ -36,9 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the port description (default: ./templates)")
     parser.add_argument("--patches-dir", type=Path, metavar="DIR",
                         help="the exported series (default: ./patches)")
-    parser.add_argument("--work-dir", type=Path, metavar="DIR",
-                        help="tool-owned work dir, re-applied on success when it exists "
-                             "(default: ./work, or $MLA_PORT_WORK_DIR)")
+    add_tree_args(parser, tree=False, build=False)      # the work dir: re-applied on success when it exists
     parser.add_argument("--source", choices=SOURCES, default="auto",
                         help="where the OLD pinned base comes from when not cached")
     parser.add_argument("--sdist-file", type=Path, metavar="PATH",

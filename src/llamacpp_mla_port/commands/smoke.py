@@ -1,23 +1,21 @@
 """`smoke`: build, make the fixtures, run parity, the target side and lossless speculative
 decoding; print ONE JSON report; exit 1 when any stage fails (the work is proof/smoke.py).
 
-    llamacpp-mla-port smoke [--work DIR] [--no-build] [--no-server] [--quick]
+    llamacpp-mla-port smoke [--scratch-dir DIR] [--tree DIR --build-dir DIR] [--no-build] [--no-server] [--quick]
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
+from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args
 from llamacpp_mla_port.proof.smoke import run_smoke
 
 
 def configure(parser) -> None:
-    parser.add_argument("--work", type=Path, default=None,
-                        help="folder for fixtures and runs (default: a fresh temporary folder)")
-    parser.add_argument("--tree", type=Path, default=None, help="patched llama.cpp tree (default: the work tree)")
-    parser.add_argument("--build", type=Path, default=None, help="its build dir (default: the work build)")
+    add_scratch_arg(parser, "folder for fixtures and runs (default: a fresh temporary folder)")
+    add_tree_args(parser)
     parser.add_argument("--no-build", action="store_true", help="use the existing build as it is")
     parser.add_argument("--no-server", action="store_true", help="skip the llama-server runs")
     parser.add_argument("--quick", action="store_true",
@@ -26,7 +24,7 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
-    report = run_smoke(args.tree, args.build, args.work, no_build=args.no_build, server=not args.no_server,
+    report = run_smoke(args.tree, args.build_dir, args.scratch_dir, no_build=args.no_build, server=not args.no_server,
                        quick=args.quick, threads=args.threads)
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
     return 0 if report["ok"] else 1

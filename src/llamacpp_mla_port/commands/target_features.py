@@ -1,7 +1,7 @@
 """`target-features`: dump the hidden states the patched Kimi-K3 target hands a draft.
 
     llamacpp-mla-port target-features --target T.gguf (--draft D.gguf | --layers 1,3) \\
-        --tokens 1,2,3 --out DIR [--dump NAME,...] [--tree ... --build ...]
+        --tokens 1,2,3 --out DIR [--dump NAME,...] [--tree ... --build-dir ...]
 
 The work is proof/run/target_features.py (the program and the independent prefix stream).
 """
@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.proof.run.programs import compile_program
 from llamacpp_mla_port.proof.run.target_features import dump_target_features
 from llamacpp_mla_port.series.worktree import locate_build
@@ -26,12 +27,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", required=True, help="comma-separated prompt token ids")
     parser.add_argument("--out", required=True, type=Path, help="output folder (features.npy, logits.npy, ...)")
     parser.add_argument("--dump", default="", help="comma-separated graph tensor names to dump as well")
-    parser.add_argument("--tree", type=Path, help="patched llama.cpp tree (default: the work tree)")
-    parser.add_argument("--build", type=Path, help="its build dir (default: the work build)")
+    add_tree_args(parser)
 
 
 def run(args) -> int:
-    tree, build = locate_build(args.tree, args.build)
+    tree, build = locate_build(args.tree, args.build_dir)
     binary = compile_program("target-features", tree, build)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     got = dump_target_features(binary, args.target, [int(t) for t in args.tokens.split(",")], args.out,

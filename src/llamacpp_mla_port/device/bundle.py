@@ -52,8 +52,7 @@ from pathlib import Path
 
 from llamacpp_mla_port.errors import DeviceCheckError
 
-BUNDLE_REL = Path("work") / "device-bundle"
-DRY_OUT_REL = Path("work") / "device-check"
+# the bundle and the dry run's report: project.Places.device_bundle / device_dry_out
 #: what one device call carries at most: the working tree and the carried folders together
 CARRY_LIMIT = 64 * 2**20
 DEVICE_COMMAND = "bash work/device-bundle/run.sh"

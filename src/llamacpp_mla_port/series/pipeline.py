@@ -16,7 +16,7 @@ from llamacpp_mla_port import gitutil, project
 from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.render import RenderedCommit, render_series
 from llamacpp_mla_port.series.spec import Series, load_series
-from llamacpp_mla_port.series.worktree import Workspace, apply_series, default_work_dir
+from llamacpp_mla_port.series.worktree import Workspace, apply_series
 from llamacpp_mla_port.source.obtain import Base, obtain
 from llamacpp_mla_port.source.pin import Pin, load_pin
 
@@ -32,7 +32,8 @@ class Options:
     commit: str | None = None
 
     def __post_init__(self) -> None:
-        self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
+        places = project.places(templates_dir=self.templates_dir, patches_dir=self.patches_dir)
+        self.templates_dir, self.patches_dir = places.templates_dir, places.patches_dir
 
     def pin(self) -> Pin:
         pin = load_pin(self.templates_dir / "pin.toml")
@@ -41,7 +42,7 @@ class Options:
         return pin
 
     def workspace(self) -> Workspace:
-        return Workspace(Path(self.work_dir) if self.work_dir else default_work_dir())
+        return Workspace(project.places(work_dir=self.work_dir).work_dir)
 
 
 @dataclass

@@ -135,7 +135,7 @@ def _change(raw: dict, folder: Path, root: Path, origin: str) -> Change:
 def load_series(root: Path | None = None) -> Series:
     if root is None:
         from llamacpp_mla_port import project
-        root = project.current().templates_dir
+        root = project.places().templates_dir
     port = _load_toml(root / "port.toml")
     meta = port.get("series", {})
     for key in ("author_name", "author_email", "date", "branch"):

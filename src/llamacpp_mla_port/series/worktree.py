@@ -27,27 +27,15 @@ STATE_FILE = "llamacpp-mla-port.json"
 BASE_BRANCH = "mla-port-base"
 
 
-def default_work_dir() -> Path:
-    """$MLA_PORT_WORK_DIR, else work/ of the current checkout."""
-    return project.current().work_dir
-
-
 def locate_build(tree: str | Path | None = None, build: str | Path | None = None) -> tuple[Path, Path]:
-    """The patched llama.cpp tree and its build dir the proof runs on.
-
-    Explicit paths first, else $MLA_PORT_TREE / $MLA_PORT_BUILD, else the tool-owned work
-    tree and build of the current checkout.
-    """
-    tree = tree or os.environ.get("MLA_PORT_TREE")
-    build = build or os.environ.get("MLA_PORT_BUILD")
-    if not (tree and build):
-        ws = Workspace(default_work_dir())
-        tree = tree or ws.tree
-        build = build or ws.build_dir
-    tree, build = Path(tree), Path(build)
+    """The patched llama.cpp tree and its build dir the proof runs on (project.Places.tree /
+    build_dir: these paths, else the run's flags, else $MLA_PORT_TREE / $MLA_PORT_BUILD, else
+    the work tree); refused when the tree is not there."""
+    places = project.places(tree=tree, build_dir=build)
+    tree, build = places.tree, places.build_dir
     if not (tree / "include" / "llama.h").is_file():
         raise WorkTreeError(f"no patched llama.cpp tree at {tree}",
-                            "run `make patch` and `make build` first, or pass --tree/--build")
+                            "run `make patch` and `make build` first, or pass --tree/--build-dir")
     return tree, build
 
 
@@ -62,11 +50,11 @@ class Workspace:
 
     @property
     def tree(self) -> Path:
-        return self.work_dir / "llama.cpp"
+        return project.tree_in(self.work_dir)
 
     @property
     def build_dir(self) -> Path:
-        return self.work_dir / "build"
+        return project.build_in(self.work_dir)
 
     @property
     def state_path(self) -> Path:

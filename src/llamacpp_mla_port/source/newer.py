@@ -42,7 +42,7 @@ class NewerTree:
 
 
 def _path(templates_dir: Path | None) -> Path:
-    return (templates_dir or project.current().templates_dir) / FILE
+    return (templates_dir or project.places().templates_dir) / FILE
 
 
 def load(templates_dir: Path | None = None) -> tuple[dict[str, dict], list[NewerTree]]:

@@ -58,16 +58,8 @@ class Base:
     ref: str          # refs/mla-port/<source>/<upstream commit>
 
 
-def cache_dir() -> Path:
-    root = project.env("CACHE")          # $MLA_PORT_CACHE (or the old $LLAMACPP_MLA_PORT_CACHE)
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "llamacpp-mla-port"
-
-
 def cache_repo() -> git.Repo:
-    path = cache_dir() / "base.git"
+    path = project.places().base_cache
     if not (path / "HEAD").exists():
         path.mkdir(parents=True, exist_ok=True)
         gitutil.run(path, "init", "--bare", "-q", ".")
@@ -159,7 +151,7 @@ def fetch_sdist(sd: Sdist, sdist_file: Path | None = None, log=print) -> Path:
             raise ObtainError(f"--sdist-file {path} does not exist", "pass the downloaded tarball")
         _verify_sha(path, sd.sha256, remove=False)
         return path
-    dest = cache_dir() / "sdist"
+    dest = project.places().sdist_cache
     path = dest / sd.filename
     if path.is_file():
         _verify_sha(path, sd.sha256, remove=True)

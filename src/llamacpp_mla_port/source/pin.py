@@ -58,7 +58,7 @@ def load_pin(path: Path | None = None) -> Pin:
     """The pin of `path`, by default the current checkout's templates/pin.toml."""
     if path is None:
         from llamacpp_mla_port import project
-        path = project.current().pin_file
+        path = project.places().pin_file
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -42,13 +41,8 @@ from llamacpp_mla_port.upstreaming.rebase import MERGED, RebaseOptions, rebase
 from llamacpp_mla_port.upstreaming.targets import Target
 
 STAGES = ("obtain", "anchor", "apply", "build", "proof")
-ENV_DIR = "MLA_PORT_CANARY_DIR"
+ENV_DIR = "MLA_PORT_CANARY_DIR"      # read by project.Places.canary_dir; named in messages
 REPORT_NAME = "canary.json"
-
-
-def default_canary_dir() -> Path:
-    env = os.environ.get(ENV_DIR)
-    return Path(env) if env else project.current().root / "work-canary"
 
 
 @dataclass
@@ -71,9 +65,10 @@ class CanaryOptions:
     baseline: Path | None = None    # a smoke report (e.g. of the pin) to compare the figures with
 
     def __post_init__(self) -> None:
-        self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
+        places = project.places(templates_dir=self.templates_dir, patches_dir=self.patches_dir)
+        self.templates_dir, self.patches_dir = places.templates_dir, places.patches_dir
         # absolute: git runs inside the canary tree, where a relative path names something else
-        self.canary_dir = (Path(self.canary_dir) if self.canary_dir else default_canary_dir()).absolute()
+        self.canary_dir = project.places(canary_dir=self.canary_dir).canary_dir.absolute()
 
 
 _Failed = StageFailed

@@ -43,7 +43,7 @@ from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG, TARGET_SETS
 from llamacpp_mla_port.errors import PortError, SeriesError, WorkTreeError
 from llamacpp_mla_port.series import pipeline, stacks as stacks_mod
 from llamacpp_mla_port.series.spec import Stack, load_series
-from llamacpp_mla_port.series.worktree import Workspace, default_work_dir
+from llamacpp_mla_port.series.worktree import Workspace
 from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.upstreaming import style
 from llamacpp_mla_port.upstreaming.lint import (EditorConfig, Finding, flake8_findings, introduced, tree_checks,
@@ -156,7 +156,7 @@ def run_smoke(tree: Path, build_dir: Path, extra: list[str], log=print) -> dict:
         return {"ok": False, "status": "missing",
                 "error": "llamacpp_mla_port.proof.smoke is not installed: the proof was not run"}
     cmd = [sys.executable, "-m", "llamacpp_mla_port", "smoke", "--tree", str(tree),
-           "--build", str(build_dir), *extra]
+           "--build-dir", str(build_dir), *extra]
     log(f"pr: running the proof: {' '.join(cmd[2:])}")
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -448,11 +448,12 @@ class PrOptions:
     stacks: tuple[str, ...] = ()         # only these stacks (default: all)
 
     def __post_init__(self) -> None:
-        self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
+        places = project.places(templates_dir=self.templates_dir, patches_dir=self.patches_dir)
+        self.templates_dir, self.patches_dir = places.templates_dir, places.patches_dir
 
 
 def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=print) -> dict:
-    ws = Workspace(Path(opts.work_dir) if opts.work_dir else default_work_dir())
+    ws = Workspace(project.places(work_dir=opts.work_dir).work_dir)
     if not ws.state_path.is_file():
         raise WorkTreeError(f"no tool work tree at {ws.tree}", "run `make patch` first")
     repo = ws.repo()

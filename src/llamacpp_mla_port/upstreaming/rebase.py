@@ -42,7 +42,7 @@ from llamacpp_mla_port.source.pin import Pin, load_pin
 from llamacpp_mla_port.series import anchors
 from llamacpp_mla_port.series.anchors import Miss
 from llamacpp_mla_port.series.render import Step, render_series, walk_series
-from llamacpp_mla_port.series.worktree import BASE_BRANCH, Workspace, default_work_dir
+from llamacpp_mla_port.series.worktree import BASE_BRANCH, Workspace
 from llamacpp_mla_port.source.obtain import Base
 from llamacpp_mla_port.upstreaming.targets import Target, relation, resolve_target
 
@@ -270,7 +270,8 @@ class RebaseOptions:
     patches_out: Path | None = None      # canary: the series rendered at the new base goes here
 
     def __post_init__(self) -> None:
-        self.templates_dir, self.patches_dir = project.resolve_dirs(self.templates_dir, self.patches_dir)
+        places = project.places(templates_dir=self.templates_dir, patches_dir=self.patches_dir)
+        self.templates_dir, self.patches_dir = places.templates_dir, places.patches_dir
 
     def target(self, pin: Pin, log=print) -> Target:
         return resolve_target(self.onto, self.git_url, pin, self.tag, self.templates_dir, log=log)
@@ -302,7 +303,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     onto_info = {"commit": target.commit, "tag": target.tag, "url": target.url,
                  "source": target.base.source, "tree": target.base.tree, "build": target.build,
                  "origin": target.origin}
-    ws = Workspace(Path(opts.work_dir) if opts.work_dir else default_work_dir())
+    ws = Workspace(project.places(work_dir=opts.work_dir).work_dir)
 
     if not opts.canary:
         if target.commit is None:

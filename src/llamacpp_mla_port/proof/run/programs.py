@@ -16,18 +16,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from llamacpp_mla_port import project
 from llamacpp_mla_port.errors import BuildError
 
 CPP_DIR = Path(__file__).parent / "cpp"
 PROGRAMS = ("draft-logits", "target-features", "draft-bench", "ggml-floor", "load-check")
 #: ggml-floor measures this machine's memory bandwidth with its own loop: vectorised for this CPU
 EXTRA_FLAGS = {"ggml-floor": ("-O3", "-march=native", "-pthread")}
-
-
-def _cache_root() -> Path:
-    base = os.environ.get("MLA_PORT_PROOF_BIN") or os.environ.get("XDG_CACHE_HOME") or (Path.home() / ".cache")
-    root = Path(base)
-    return root if os.environ.get("MLA_PORT_PROOF_BIN") else root / "llamacpp-mla-port" / "proof-bin"
 
 
 def library_dir(build_dir: Path) -> Path:
@@ -67,7 +62,7 @@ def compile_program(name: str, tree: Path, build_dir: Path, out_dir: Path | None
         key.update(f.name.encode() + f.read_bytes())
     st = libllama.resolve().stat()
     key.update(f"{libllama.resolve()}:{st.st_size}:{st.st_mtime_ns}:{tree}".encode())
-    out_dir = Path(out_dir) if out_dir else _cache_root() / key.hexdigest()[:16]
+    out_dir = Path(out_dir) if out_dir else project.places().proof_bin_dir / key.hexdigest()[:16]
     binary = out_dir / name
     if binary.is_file():
         return binary
