@@ -15,7 +15,10 @@ STAMP  := $(VENV)/.installed
 #   RPC=0          make build without llama.cpp's RPC backend (on by default: one configuration for all)
 #   PYTEST_ARGS="-k engine -x"
 #   CANARY_ONTO=newest|bNNNNN|NAME==VERSION|COMMIT|PATH  CANARY_ARGS="--git-url ~/src/llama.cpp"
-#   PARITY_BUILD=work/build-portable   (make parity: the build to run the parity matrix on)
+#   CANARY_DIR=DIR (make canary; default: work-canary, or $MLA_PORT_CANARY_DIR)
+#   PARITY_BUILD=work/build-portable   (make parity: the build to run the parity matrix on;
+#                  default: the work build, or $MLA_PORT_BUILD)
+# Places left unset here are the tool's to decide (project.Places: flag > env > the checkout).
 #   BENCH_ARGS="--threads 4 --stages models,floors,passes"
 #   DRY_RUN=1      make device-check: run the GPU check's bundle here with CUDA off
 PATCH_ARGS ?=
@@ -23,9 +26,9 @@ BUILD_ARGS ?=
 RPC ?=
 PYTEST_ARGS ?=
 CANARY_ONTO ?= newest
-CANARY_DIR ?= work-canary
+CANARY_DIR ?=
 CANARY_ARGS ?=
-PARITY_BUILD ?= work/build
+PARITY_BUILD ?=
 BENCH_ARGS ?=
 DRY_RUN ?=
 
@@ -67,7 +70,7 @@ smoke: build
 	$(TOOL) smoke
 
 parity: $(STAMP)
-	$(TOOL) parity --build-dir $(PARITY_BUILD)
+	$(TOOL) parity $(if $(PARITY_BUILD),--build-dir $(PARITY_BUILD))
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -79,7 +82,7 @@ pr: build
 	$(TOOL) pr
 
 canary: $(STAMP)
-	$(TOOL) rebase --onto $(CANARY_ONTO) --canary --prove --canary-dir $(CANARY_DIR) $(CANARY_ARGS)
+	$(TOOL) rebase --onto $(CANARY_ONTO) --canary --prove $(if $(CANARY_DIR),--canary-dir $(CANARY_DIR)) $(CANARY_ARGS)
 
 bench: patch
 	$(TOOL) bench $(BENCH_ARGS)

@@ -474,7 +474,7 @@ def test_make_canary_on_the_newest_known_upstream(tmp_path):
 
 
 def test_a_relative_canary_dir_names_one_place(tmp_path, monkeypatch):
-    """`make canary` passes --canary-dir work-canary: git runs inside the canary tree, so the
+    """`make canary CANARY_DIR=work-canary` passes a relative --canary-dir: git runs inside the canary tree, so the
     options hold it (and the patches under it) absolute."""
     from llamacpp_mla_port.upstreaming.canary import CanaryOptions
 
