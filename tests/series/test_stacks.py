@@ -213,6 +213,11 @@ def test_long_comments_and_non_ascii_added_lines_are_found():
     py = style.patch_findings(_patch("a.py", ["    # one", "    # two", "    # three", "x = 1"]))
     assert [f.rule for f in py] == ["comment"]
     assert style.patch_findings(_patch("doc.md", ["# a", "# b", "# c"])) == []   # not code
+    # ggml's designated-initializer style: inline comments before values are code lines
+    init = ["    /* .mem_size   = */ 1,", "    /* .mem_buffer = */ nullptr,", "    /* .no_alloc   = */ true,"]
+    assert style.patch_findings(_patch("src/a.cpp", init)) == []
+    block = ["/* one", " * two", " * three */", "int x;"]
+    assert [f.rule for f in style.patch_findings(_patch("src/a.cpp", block))] == ["comment"]
     arrow = style.patch_findings(_patch("src/a.cpp", ["int x; // a \u2192 b"]))
     assert [f.rule for f in arrow] == ["ascii"] and "U+2192" in arrow[0].message
     long_body = style.patch_findings(_patch("src/a.cpp", ["int x;"], "line\n" * 13))
