@@ -165,7 +165,7 @@ def try_stacks(repo: git.Repo, series: Series, base_sha: str, base_label: str, e
                 export_stack(repo, rs, Path(tmp), pin, series)
                 verify(repo, rs, Path(tmp))
             entry.update(ok=True, head=rs.head, squashed=rs.squashed,
-                         **{k: v for k, v in diffstat(repo, base_sha, rs.head).items()
+                         **{k: v for k, v in diffstat(repo, rs.base, rs.head).items()
                             if k != "files"})
         except PortError as err:
             entry.update(ok=False, message=err.message, hint=err.hint)

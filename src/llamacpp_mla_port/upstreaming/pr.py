@@ -488,20 +488,20 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     per_stack: dict[str, list[CommitCheck]] = {}
     upstream_checks: dict[str, dict] = {}
     checkout = ws.work_dir / "pr" / "llama.cpp"
-    base_checks: dict | None = None
+    base_checks: dict[str, dict] = {}    # per base commit: a stacked PR is checked against its own
     for rs in rendered:
         log(f"pr: stack {rs.stack.name}: {len(rs.shas)} commits alone on the base")
         per_stack[rs.stack.name] = check_commits(
-            ws.tree, base, rs.head, checkout, build_dir,
+            ws.tree, rs.base, rs.head, checkout, build_dir,
             list(opts.targets), None if opts.skip_build else build, log)
         if opts.upstream_checks:
             files = sorted({f for c in per_stack[rs.stack.name] for f in c.files})
             log(f"pr: upstream's checks on {rs.stack.name} (patched)")
             patched = tree_checks(checkout, files)
-            gitutil.run(checkout, "checkout", "-q", "-f", "--detach", base)
+            gitutil.run(checkout, "checkout", "-q", "-f", "--detach", rs.base)
             log(f"pr: upstream's checks on {rs.stack.name} (base)")
-            base_checks = tree_checks(checkout, files, base_checks)
-            upstream_checks[rs.stack.name] = introduced(base_checks, patched)
+            base_checks[rs.base] = tree_checks(checkout, files, base_checks.get(rs.base))
+            upstream_checks[rs.stack.name] = introduced(base_checks[rs.base], patched)
     commits = [c for cs in per_stack.values() for c in cs]
     proof = {"ok": None, "status": "skipped"} if opts.skip_smoke else \
         smoke(ws.tree, ws.build_dir, list(opts.smoke_args), log)
