@@ -33,9 +33,9 @@ TARGET_SETS: dict[str, tuple[str, ...]] = {
     # the job (server/cli), the proof (speculative-simple, simple), the tests (test-llama-archs
     # writes the tiny Kimi-K3 target) and the RPC tests (ggml-rpc-server): `make build`
     "job": ("llama-server", "llama-cli", "llama-speculative-simple", "llama-simple",
-            "test-llama-archs", "ggml-rpc-server"),
-    # the server each RPC host runs (left out when the RPC backend is off)
-    "rpc": ("ggml-rpc-server",),
+            "test-llama-archs", "ggml-rpc-server", "test-rpc-multi-server"),
+    # the server each RPC host runs and upstream's RPC harness client (left out without RPC)
+    "rpc": ("ggml-rpc-server", "test-rpc-multi-server"),
     # the whole proof (`smoke`) and the canary's build stage
     "smoke": ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs"),
     # the bench: the proof's targets and the quantizer of the real-size draft

@@ -64,11 +64,18 @@ def test_each_stack_applies_alone_on_the_pin_in_both_forms(base, pin, tmp_path):
         # the squashed commit and the stack's head hold the same tree, on the base
         assert gitutil.run(repo, "rev-parse", f"{rs.squashed}^{{tree}}") == \
             gitutil.run(repo, "rev-parse", f"{rs.head}^{{tree}}")
-        assert gitutil.run(repo, "rev-parse", f"{rs.squashed}^") == base.sha
+        # on the pin, or on the head of the stacks it is based on (a stacked PR)
+        assert gitutil.run(repo, "rev-parse", f"{rs.squashed}^") == rs.base
+        if rs.stack.depends:
+            under = {r.stack.name: r for r in rendered}
+            assert gitutil.run(repo, "rev-parse", f"{rs.base}^{{tree}}") == gitutil.run(
+                repo, "rev-parse", f"{under[rs.stack.depends[-1]].head}^{{tree}}")
+        else:
+            assert rs.base == base.sha
         for p in sorted((folder / "patches").glob("*.patch")) + [folder / stacks.SQUASHED]:
             assert style.patch_findings(p.read_text()) == [], p.name
     # the stacks together touch what the series touches, and nothing twice the same way
-    got = sorted(f for rs in rendered for f in stacks.diffstat(repo, base.sha, rs.head)["files"])
+    got = sorted(f for rs in rendered for f in stacks.diffstat(repo, rs.base, rs.head)["files"])
     series_files = set()
     for c in load_series(TEMPLATES_DIR).commits:
         series_files |= {ch.file for ch in c.changes}
@@ -107,12 +114,12 @@ def test_a_commit_in_no_stack_is_an_error_naming_it(tmp_path):
 
 
 def test_a_stack_that_leans_on_another_fails_naming_the_stack(base, pin, tmp_path):
-    """Put the K-only mask guard (mla-draft) into the pair-check stack, and make the MLA
-    backbone anchor on it: the mla-draft stack no longer renders alone."""
+    """Put the K-only mask guard (mla-draft) into the rpc stack, and make the MLA backbone
+    anchor on it: the mla-draft stack (based on pair-check only) no longer renders."""
     templates = tmp_path / "templates"
     shutil.copytree(TEMPLATES_DIR, templates)
     toml = templates / "series" / "20-graph-k-only-mask-check" / "commit.toml"
-    toml.write_text(toml.read_text().replace('stack = "mla-draft"', 'stack = "pair-check"'))
+    toml.write_text(toml.read_text().replace('stack = "mla-draft"', 'stack = "rpc"'))
     guard = (templates / "series" / "20-graph-k-only-mask-check" / "attn-k-set-input-mask.cpp.j2") \
         .read_text()
     lean = templates / "series" / "21-model-dflash-mla-backbone" / "commit.toml"
@@ -133,6 +140,29 @@ template = "models-h-graph-mla.h.j2"
     tried = {t["stack"]: t for t in stacks.try_stacks(repo, series, base.sha, pin.tag, {"pin": pin}, pin)}
     assert tried["rpc"]["ok"] and tried["pair-check"]["ok"] and not tried["mla-draft"]["ok"]
     assert "does not render alone" in tried["mla-draft"]["message"]
+    # the control: based on rpc too, the stacked PR renders on rpc + pair-check
+    port = templates / "port.toml"
+    port.write_text(port.read_text().replace('depends = ["pair-check"]', 'depends = ["rpc", "pair-check"]'))
+    series = load_series(templates)
+    rs = stacks.render_stack(repo, series, series.stack("mla-draft"), base.sha, pin.tag, {"pin": pin})
+    assert len(rs.shas) == len(series.stack("mla-draft").commits)
+
+
+def test_depends_names_an_earlier_stack(tmp_path):
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES_DIR, templates)
+    port = templates / "port.toml"
+    text = port.read_text()
+    assert 'depends = ["pair-check"]' in text
+    for bad in ('["mla-draft"]', '["nope"]', '"pair-check"'):
+        port.write_text(text.replace('depends = ["pair-check"]', f"depends = {bad}"))
+        with pytest.raises(PortDescriptionError, match=r"\[stacks.mla-draft\] depends = .*must name a stack "
+                                                       "defined before it"):
+            load_series(templates)
+    # a stack based on another renders on it: pair-check's DFlash cases, then the MLA case
+    series = load_series(TEMPLATES_DIR)
+    assert [s.name for s in series.base_of(series.stack("mla-draft"))] == ["pair-check"]
+    assert series.base_of(series.stack("rpc")) == ()
 
 
 def test_the_canary_tries_every_stack_of_the_real_series(base, pin):
@@ -183,6 +213,11 @@ def test_long_comments_and_non_ascii_added_lines_are_found():
     py = style.patch_findings(_patch("a.py", ["    # one", "    # two", "    # three", "x = 1"]))
     assert [f.rule for f in py] == ["comment"]
     assert style.patch_findings(_patch("doc.md", ["# a", "# b", "# c"])) == []   # not code
+    # ggml's designated-initializer style: inline comments before values are code lines
+    init = ["    /* .mem_size   = */ 1,", "    /* .mem_buffer = */ nullptr,", "    /* .no_alloc   = */ true,"]
+    assert style.patch_findings(_patch("src/a.cpp", init)) == []
+    block = ["/* one", " * two", " * three */", "int x;"]
+    assert [f.rule for f in style.patch_findings(_patch("src/a.cpp", block))] == ["comment"]
     arrow = style.patch_findings(_patch("src/a.cpp", ["int x; // a \u2192 b"]))
     assert [f.rule for f in arrow] == ["ascii"] and "U+2192" in arrow[0].message
     long_body = style.patch_findings(_patch("src/a.cpp", ["int x;"], "line\n" * 13))

@@ -19,7 +19,7 @@ _CHANGE_KEYS = {"file", "anchor", "within", "within_end", "placement", "template
                 "vars"}
 _COMMIT_KEYS = {"vars", "change", "stack"}
 _STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-_STACK_KEYS = {"title", "summary", "evidence"}
+_STACK_KEYS = {"title", "summary", "evidence", "depends"}
 _EVIDENCE_KEYS = {"claim", "command"}
 
 
@@ -60,6 +60,7 @@ class Stack:
     commits: tuple[str, ...]  # commit slugs
     summary: str = ""
     evidence: tuple[Evidence, ...] = ()
+    depends: tuple[str, ...] = ()   # stacks (earlier in port.toml) this PR is based on
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,25 @@ class Series:
         raise PortDescriptionError(f"no PR stack {name!r} in templates/port.toml",
                                    f"stacks: {', '.join(s.name for s in self.stacks)}")
 
-    def only(self, stack: Stack) -> "Series":
-        """This series reduced to one stack's commits (rendered alone on the base)."""
-        kept = tuple(c for c in self.commits if c.slug in stack.commits)
+    def only(self, *stacks: Stack) -> "Series":
+        """This series reduced to these stacks' commits, in series order."""
+        slugs = {s for st in stacks for s in st.commits}
+        kept = tuple(c for c in self.commits if c.slug in slugs)
         return dataclasses.replace(self, commits=kept)
+
+    def slugs(self) -> tuple[str, ...]:
+        return tuple(c.slug for c in self.commits)
+
+    def base_of(self, stack: Stack) -> tuple[Stack, ...]:
+        """The stacks `stack` is based on, transitively, in port.toml order."""
+        names: set[str] = set()
+        todo = list(stack.depends)
+        while todo:
+            name = todo.pop()
+            if name not in names:
+                names.add(name)
+                todo.extend(self.stack(name).depends)
+        return tuple(st for st in self.stacks if st.name in names)
 
 
 def _load_toml(path: Path) -> dict:
@@ -219,7 +235,13 @@ def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
             raise PortDescriptionError(f"{path}: [stacks.{name}] has no commits",
                                        f"set `stack = \"{name}\"` in a commit.toml, or drop the table")
         table = raw[name]
-        out.append(Stack(name=name, title=table["title"], commits=members,
+        depends = table.get("depends", [])
+        earlier = names[:names.index(name)]
+        if not isinstance(depends, list) or any(d not in earlier for d in depends):
+            raise PortDescriptionError(f"{path}: [stacks.{name}] depends = {depends!r}: each entry must "
+                                       "name a stack defined before it",
+                                       f"stacks before {name}: {', '.join(earlier) or 'none'}")
+        out.append(Stack(name=name, title=table["title"], commits=members, depends=tuple(depends),
                          summary=table.get("summary", ""),
                          evidence=tuple(Evidence(e["claim"], e["command"])
                                         for e in table.get("evidence", []))))

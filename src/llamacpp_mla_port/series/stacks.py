@@ -2,8 +2,8 @@
 
 templates/port.toml [stacks.NAME] names them in order; every commit.toml says which one it
 belongs to (`stack = "NAME"`, series/spec.py checks). A stack is rendered ALONE on a base (only its
-commits, in series order), so a stack that leans on another stack's text fails here, naming
-the stack and the anchor. Each rendered stack comes in two forms, both byte-reproducible:
+commits, in series order; a stacked PR on the head of the stacks in its `depends`), so a stack
+that leans on another stack's text fails here, naming the stack and the anchor. Each rendered stack comes in two forms, both byte-reproducible:
 its commits as a format-patch series, and one squashed commit (what upstream's squash-merge
 makes of the PR). `check_applies` re-applies the exported patches with `git apply` (no fuzz)
 onto the base in a private index and compares the tree with the rendered one.
@@ -11,6 +11,7 @@ onto the base in a private index and compares the tree with the rendered one.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ SQUASHED = "squashed.patch"
 @dataclass
 class RenderedStack:
     stack: Stack
-    base: str                    # the base commit the stack was rendered on
+    base: str                    # the base commit the stack was rendered on (with its depends)
     commits: list[RenderedCommit]
     shas: list[str]
     squashed: str                # the one-commit form: parent = base, tree = the stack's head
@@ -52,8 +53,14 @@ def squash_message(stack: Stack, commits: list[RenderedCommit]) -> str:
 
 def render_stack(repo: git.Repo, series: Series, stack: Stack, base_sha: str, base_label: str,
                  extra_vars: dict) -> RenderedStack:
-    """Render `stack`'s commits alone on `base_sha` and commit them (and the squashed form)
-    in `repo`; a failure names the stack."""
+    """Render `stack`'s commits alone on `base_sha` (on the stacks it depends on, when it
+    names some) and commit them (and the squashed form) in `repo`; a failure names the stack."""
+    based_on = series.base_of(stack)
+    if based_on:     # a stacked PR: its base is the head of the PRs it is based on
+        under = dataclasses.replace(stack, name="+".join(s.name for s in based_on), depends=(),
+                                    commits=series.only(*based_on).slugs())
+        base_sha = render_stack(repo, series, under, base_sha, base_label, extra_vars).head
+        base_label = f"{base_label} + {under.name}"
     alone = series.only(stack)
     try:
         commits = render_series(alone, lambda p: gitutil.read_blob(repo, base_sha, p),
@@ -61,8 +68,9 @@ def render_stack(repo: git.Repo, series: Series, stack: Stack, base_sha: str, ba
     except PortError as err:
         raise type(err)(f"PR stack {stack.name!r} does not render alone on {base_label}: "
                         f"{err.message}",
-                        "a stack may anchor only on upstream text and on its own commits: "
-                        "move the commit it leans on into the stack, or re-anchor the change "
+                        "a stack may anchor only on upstream text, its own commits and the "
+                        "stacks it names in `depends`: move the commit it leans on into the "
+                        "stack, add that stack to `depends`, or re-anchor the change "
                         "(templates/port.toml [stacks], commit.toml `stack`)") from None
     shas = series_mod.commit_rendered(repo, base_sha, commits, series)
     tree = gitutil.run(repo, "rev-parse", f"{shas[-1]}^{{tree}}")
@@ -157,7 +165,7 @@ def try_stacks(repo: git.Repo, series: Series, base_sha: str, base_label: str, e
                 export_stack(repo, rs, Path(tmp), pin, series)
                 verify(repo, rs, Path(tmp))
             entry.update(ok=True, head=rs.head, squashed=rs.squashed,
-                         **{k: v for k, v in diffstat(repo, base_sha, rs.head).items()
+                         **{k: v for k, v in diffstat(repo, rs.base, rs.head).items()
                             if k != "files"})
         except PortError as err:
             entry.update(ok=False, message=err.message, hint=err.hint)

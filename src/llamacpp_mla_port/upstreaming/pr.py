@@ -8,7 +8,7 @@ disclosure to be the contributor's own). Steps:
    fresh render (`check`).
 2. Every commit on its own, in a tool-owned linked worktree (<work-dir>/pr/llama.cpp),
    checked out commit after commit so that Ninja and ccache rebuild only what a commit
-   touched: the CMake build (build.ensure_build into <work-dir>/pr/build), and on the files
+   touched: the CMake build (build.ensure_build into <work-dir>/pr/build, warnings as errors), and on the files
    the commit touches the tree's own flake8 config (.flake8, plus the flake8-no-print
    plugin upstream CI uses) and the tree's .editorconfig / .ecrc whitespace rules.
 3. The proof (`smoke`, llamacpp_mla_port.proof.smoke) on the series head; its JSON is kept.
@@ -74,13 +74,15 @@ class CommitCheck:
 
 
 BuildFn = Callable[[Path, Path, list[str]], object]
+PR_CMAKE_ARGS = ("-DLLAMA_FATAL_WARNINGS=ON",)
 
 
 def _default_build(jobs: int | None) -> BuildFn:
     def build(tree: Path, build_dir: Path, targets: list[str]) -> object:
         from llamacpp_mla_port.build import ensure_build
-        # with the RPC backend, so that a commit touching ggml-rpc is compiled as well
-        return ensure_build(tree, build_dir, targets, jobs=jobs, echo=False, rpc=True)
+        # with the RPC backend, so that a commit touching ggml-rpc is compiled as well, and
+        # warnings as errors, as upstream's models-check workflow builds test-llama-archs
+        return ensure_build(tree, build_dir, targets, PR_CMAKE_ARGS, jobs=jobs, echo=False, rpc=True)
     return build
 
 
@@ -341,6 +343,9 @@ def description_skeleton(template: str | None, stack: Stack, facts: dict) -> str
             lines.append("")
         else:
             lines += ["<...>", ""]
+    if facts.get("based_on"):
+        lines += [f"<!-- A stacked PR: based on the {', '.join(facts['based_on'])} PR(s). Open those first "
+                  f"and say so here; these patches apply on ../{facts['based_on'][-1]}/{stacks_mod.SQUASHED}. -->", ""]
     lines += ["<!-- Facts to draw on (delete before opening the PR):",
               f"  summary in templates/port.toml: {stack.summary or '(none)'}",
               f"  commits ({len(facts['commits'])}, +{facts['added']}/-{facts['removed']}):",
@@ -386,7 +391,10 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
     style_findings = {p.name: [str(f) for f in style.patch_findings(p.read_text())]
                       for p in patch_files}
     findings = [f for c in commits for f in c.findings]
-    facts = {"base": f"{pin.tag} ({pin.commit}), work-tree base {rs.base}",
+    based_on = [s.name for s in series.base_of(rs.stack)]
+    facts = {"base": f"{pin.tag} ({pin.commit}), work-tree base {rs.base}"
+                     + (f" (the head of {' + '.join(based_on)})" if based_on else ""),
+             "based_on": based_on,
              "commits": [c.message.split("\n", 1)[0] for c in rs.commits],
              "applies_alone": applied["applies_alone"], **stat}
     entries = run_evidence(rs.stack, opts.templates_dir.parent, proof, opts.skip_evidence, log)
@@ -479,20 +487,20 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     per_stack: dict[str, list[CommitCheck]] = {}
     upstream_checks: dict[str, dict] = {}
     checkout = ws.work_dir / "pr" / "llama.cpp"
-    base_checks: dict | None = None
+    base_checks: dict[str, dict] = {}    # per base commit: a stacked PR is checked against its own
     for rs in rendered:
         log(f"pr: stack {rs.stack.name}: {len(rs.shas)} commits alone on the base")
         per_stack[rs.stack.name] = check_commits(
-            ws.tree, base, rs.head, checkout, build_dir,
+            ws.tree, rs.base, rs.head, checkout, build_dir,
             list(opts.targets), None if opts.skip_build else build, log)
         if opts.upstream_checks:
             files = sorted({f for c in per_stack[rs.stack.name] for f in c.files})
             log(f"pr: upstream's checks on {rs.stack.name} (patched)")
             patched = tree_checks(checkout, files)
-            gitutil.run(checkout, "checkout", "-q", "-f", "--detach", base)
+            gitutil.run(checkout, "checkout", "-q", "-f", "--detach", rs.base)
             log(f"pr: upstream's checks on {rs.stack.name} (base)")
-            base_checks = tree_checks(checkout, files, base_checks)
-            upstream_checks[rs.stack.name] = introduced(base_checks, patched)
+            base_checks[rs.base] = tree_checks(checkout, files, base_checks.get(rs.base))
+            upstream_checks[rs.stack.name] = introduced(base_checks[rs.base], patched)
     commits = [c for cs in per_stack.values() for c in cs]
     proof = {"ok": None, "status": "skipped"} if opts.skip_smoke else \
         smoke(ws.tree, ws.build_dir, list(opts.smoke_args), log)

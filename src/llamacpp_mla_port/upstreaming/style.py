@@ -70,7 +70,9 @@ def message_findings(message: str) -> list[StyleFinding]:
 def _comment(path: str, text: str) -> bool:
     s = text.strip()
     if path.endswith(_C_EXT):
-        return s.startswith(("//", "/*", "*")) and not s.startswith("*/") or s.endswith("*/")
+        if s.startswith("/*") and "*/" in s:     # `/* .name = */ value,`: code after it
+            return not s[s.index("*/") + 2:].strip()
+        return s.startswith(("//", "/*", "*")) and not s.startswith("*/") or (s.endswith("*/") and "/*" not in s)
     if path.endswith(_PY_EXT):
         return s.startswith("#")
     return False

@@ -1,0 +1,126 @@
+"""The series' tests in upstream's own harness. test-llama-archs runs a Qwen3-style DFlash
+draft paired with a qwen3 target and an MLA draft paired with a kimi-k3 target, and checks that
+a draft tapping a missing target layer, or with an odd rope width, is refused.
+test-rpc-multi-server.sh kills a server under a client, which must exit 1 naming it.
+
+The slow cases are the regression evidence of the two fixes: each PR's test commit alone on
+the pin (without its fix), built with warnings as errors, must fail.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from llamacpp_mla_port import build as build_mod
+from llamacpp_mla_port.series import stacks
+from llamacpp_mla_port.series.spec import Stack, load_series
+from llamacpp_mla_port.upstreaming.pr import PR_CMAKE_ARGS
+from llamacpp_mla_port.source import obtain
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_COMMIT = "09-tests-dflash-pair-archs"
+RPC_TEST_COMMIT = "06-tests-rpc-lost-server"
+ROW = re.compile(r"^\|\s*dflash\|\s*(?P<dev>[^|]+)\|\s*(?P<case>[^|]+)\|(?P<rest>.*)$", re.M)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _run_archs(build_dir: Path, seed: int) -> tuple[int, str]:
+    """rc and the table (stdout; the log goes to stderr, from another thread), then the log."""
+    out = subprocess.run([str(build_dir / "bin" / "test-llama-archs"), "-a", "dflash", "-s", str(seed)],
+                         capture_output=True, text=True, timeout=300)
+    return out.returncode, ANSI.sub("", out.stdout) + "\n--- log ---\n" + ANSI.sub("", out.stderr)
+
+
+def _cpu_rows(text: str) -> dict[str, str]:
+    return {m["case"].strip(): m["rest"] for m in ROW.finditer(text) if m["dev"].strip() != "Meta"}
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_dflash_drafts_run_paired_with_their_targets(llama_build, seed):
+    rc, text = _run_archs(llama_build, seed)
+    assert rc == 0, text[-3000:]
+    rows = _cpu_rows(text)
+    # both layouts ran on the CPU (not skipped), each as one test
+    assert set(rows) == {"Qwen3", "MLA"}, text[-3000:]
+    for case, rest in rows.items():
+        assert rest.strip().startswith("OK"), (case, rest)
+    assert "Summary: all 2 test(s) passed" in text, text[-2000:]
+
+
+def _tree_with(commit_slugs: tuple[str, ...], pin, sdist_tarball, dest: Path) -> Path:
+    """The pin with only these series commits, rendered and extracted into dest."""
+    base = obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
+    repo = obtain.cache_repo()
+    series = load_series(REPO / "templates")
+    alone = Stack(name="regression", title="tests : regression", commits=commit_slugs)
+    rs = stacks.render_stack(repo, series, alone, base.sha, pin.tag, {"pin": pin})
+    data = repo.git.archive(rs.head, stdout_as_string=False)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+@pytest.mark.slow
+def test_pair_check_test_fails_without_its_fixes(pin, sdist_tarball, tmp_path):
+    """The pair-check PR's test commit alone on the pin (no pair check, no rope refusal):
+    test-llama-archs must fail on the DFlash case; with the fixes (the fast test) it passes."""
+    assert load_series(REPO / "templates").stack("pair-check").commits[-1] == TEST_COMMIT
+    tree = _tree_with((TEST_COMMIT,), pin, sdist_tarball, tmp_path / "llama.cpp")
+    # warnings as errors, as models-check builds it: the commit must compile alone
+    build_dir = build_mod.ensure_build(tree, tmp_path / "build", ("test-llama-archs",), PR_CMAKE_ARGS, rpc=False)
+    rc, text = _run_archs(Path(build_dir), 1)
+    print(text[-1500:])
+    assert rc != 0, text[-3000:]
+    # failing for the two missing refusals, not for anything else
+    assert re.search(r"dflash\|[^|]+\|\s*Qwen3\|\s*FAIL \(pair\)", text), text[-3000:]
+    assert "a draft tapping target layer 2 of 2 was not refused" in text, text[-3000:]
+    assert "a draft with rope.dimension_count = 3 was not refused" in text, text[-3000:]
+
+
+def _run_multi_server(tree: Path, build_dir: Path) -> subprocess.CompletedProcess:
+    """upstream's script (it picks its ports and stops its servers); the group is killed on a hang."""
+    cmd = ["bash", str(tree / "tests" / "test-rpc-multi-server.sh"),
+           str(build_dir / "bin" / "ggml-rpc-server"), str(build_dir / "bin" / "test-rpc-multi-server")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"test-rpc-multi-server.sh did not finish in 180 s:\n{out[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+@pytest.mark.build
+def test_rpc_multi_server_harness_with_a_lost_server(patched_tree, llama_build):
+    build_mod.ensure_build(patched_tree, llama_build, ("ggml-rpc-server", "test-rpc-multi-server"))
+    res = _run_multi_server(patched_tree, llama_build)
+    assert res.returncode == 0, res.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_rpc_lost_server_test_fails_without_its_fix(pin, sdist_tarball, tmp_path):
+    """The rpc PR's test commit alone on the pin: the client aborts (or dies of SIGPIPE)
+    instead of exiting 1 naming the server, and the script says so."""
+    assert load_series(REPO / "templates").stack("rpc").commits[-1] == RPC_TEST_COMMIT
+    tree = _tree_with((RPC_TEST_COMMIT,), pin, sdist_tarball, tmp_path / "llama.cpp")
+    build_dir = Path(build_mod.ensure_build(tree, tmp_path / "build", ("ggml-rpc-server", "test-rpc-multi-server"),
+                                            PR_CMAKE_ARGS, rpc=True))
+    res = _run_multi_server(tree, build_dir)
+    print(res.stdout[-1500:])
+    assert res.returncode != 0, res.stdout[-3000:]
+    m = re.search(r"lost server: client exit status (\d+), expected 1", res.stdout)
+    assert m and m.group(1) != "1", res.stdout[-3000:]
