@@ -152,8 +152,9 @@ def test_commit_that_changes_nothing_is_reported(tmp_path, opts):
     """A hunk already present upstream: the replacement equals the anchor."""
     templates = _copy_templates(tmp_path)
     folder = templates / "series" / "10-gguf-py-dflash-mla-tensors"
-    (folder / "commit.toml").write_text((folder / "commit.toml").read_text()
-                                        .replace('placement = "after"', 'placement = "replace"'))
+    # the commit keeps only its constants.py change, made a no-op
+    only_first = "\n[[change]]".join((folder / "commit.toml").read_text().split("\n[[change]]")[:2])
+    (folder / "commit.toml").write_text(only_first.replace('placement = "after"', 'placement = "replace"'))
     (folder / "constants-dflash-mla.py.j2").write_text("        MODEL_TENSOR.ATTN_Q_A_NORM,\n")
     with pytest.raises(RenderError, match="changes nothing"):
         pipeline.patch(dataclasses.replace(opts, templates_dir=templates), log=lambda *_: None)
