@@ -66,7 +66,7 @@ CUDA_CMAKE_ARGS = ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=native")
 COMMON_CMAKE_ARGS = ("-DLLAMA_USE_PREBUILT_UI=OFF",)
 GPU_DEVICE = "CUDA0"
 PLACEMENT_ARGS = ("-ngl", "99", "-ngld", "99")
-STAGES = ("build", "fallback", "parity", "lossless", "realsize")
+STAGES = ("build", "fallback", "archs", "parity", "lossless", "realsize")
 
 # ---------------------------------------------------------------------------------------
 # the pruned tree

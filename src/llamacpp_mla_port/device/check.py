@@ -270,6 +270,18 @@ class Check:
         self.report.setdefault("fallback_problems", []).extend(problems)
         return not problems
 
+    def do_archs(self) -> bool:
+        """test-llama-archs' DFlash cases (the series' tests in upstream's harness): each device vs the CPU."""
+        import re
+
+        res = subprocess.run([str(self.build / "bin" / "test-llama-archs"), "-a", "dflash", "-s", "1"],
+                             capture_output=True, text=True, timeout=300)
+        rows = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", res.stdout).splitlines()
+                if ln.startswith("|") and "dflash" in ln]
+        self.report["archs"] = {"rc": res.returncode, "rows": rows, "log_tail": res.stderr[-2000:]}
+        status = [r.split("|")[4].split()[0] for r in rows if len(r.split("|")) > 5 and r.split("|")[4].strip()]
+        return res.returncode == 0 and "OK" in status and set(status) <= {"OK", "SKIP"}
+
     def do_parity(self) -> bool:
         from llamacpp_mla_port.proof.parity import run_parity
         from llamacpp_mla_port.proof.reference.model import read_target_head
@@ -424,6 +436,7 @@ class Check:
             built = self.report["stages"].get("build", {}).get("ok", "build" not in self.stages)
             if built:
                 self.stage("fallback", self.do_fallback, needs_s=20)
+                self.stage("archs", self.do_archs, needs_s=20)
                 self.stage("parity", self.do_parity, needs_s=60)
                 self.stage("realsize", self.do_realsize, needs_s=90)
                 self.stage("lossless", self.do_lossless, needs_s=60)
