@@ -37,19 +37,7 @@ MARKERS = ("templates/pin.toml", "templates/series")
 
 @dataclass(frozen=True)
 class Project:
-    root: Path
-
-    @property
-    def templates_dir(self) -> Path:
-        return self.root / "templates"
-
-    @property
-    def patches_dir(self) -> Path:
-        return self.root / "patches"
-
-    @property
-    def pin_file(self) -> Path:
-        return self.templates_dir / "pin.toml"
+    root: Path              # the places under it: Places
 
 
 _selected: Path | None = None
@@ -139,11 +127,11 @@ class Places:
     @property
     def templates_dir(self) -> Path:
         # absolute: git commands run in the work tree, where a relative path names something else
-        return Path(self._flag("templates_dir") or current().templates_dir).absolute()
+        return Path(self._flag("templates_dir") or self.root / "templates").absolute()
 
     @property
     def patches_dir(self) -> Path:
-        return Path(self._flag("patches_dir") or current().patches_dir).absolute()
+        return Path(self._flag("patches_dir") or self.root / "patches").absolute()
 
     @property
     def pin_file(self) -> Path:

@@ -375,6 +375,18 @@ def stack_checklist(template: str | None, stack: Stack, checks: dict) -> str:
                         "\n## The tree's pull request template", 1)
 
 
+def _commit_checks(commits: list[CommitCheck], opts: "PrOptions", how: str) -> dict:
+    """What the per-commit builds and lint found: builds, build_note, flake8, whitespace."""
+    findings = [f for c in commits for f in c.findings]
+    return {
+        "builds": None if opts.skip_build else all(c.build_ok for c in commits),
+        "build_note": ("skipped (--skip-build)" if opts.skip_build else
+                       f"{len(commits)} {how}, targets {' '.join(opts.targets)}"),
+        "flake8": not any(f.check == "flake8" for f in findings),
+        "whitespace": not any(f.check == "editorconfig" for f in findings),
+    }
+
+
 def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: Path, pin,
                        series, commits: list[CommitCheck], proof: dict, template: str | None,
                        opts: "PrOptions", patches_match: bool, upstream: dict | None,
@@ -390,7 +402,6 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
     patch_files = series_mod_read(folder / "patches") + [folder / stacks_mod.SQUASHED]
     style_findings = {p.name: [str(f) for f in style.patch_findings(p.read_text())]
                       for p in patch_files}
-    findings = [f for c in commits for f in c.findings]
     based_on = [s.name for s in series.base_of(rs.stack)]
     facts = {"base": f"{pin.tag} ({pin.commit}), work-tree base {rs.base}"
                      + (f" (the head of {' + '.join(based_on)})" if based_on else ""),
@@ -400,12 +411,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
     entries = run_evidence(rs.stack, opts.templates_dir.parent, proof, opts.skip_evidence, log)
     checks = {
         "patches_match": patches_match,
-        "builds": None if opts.skip_build else all(c.build_ok for c in commits),
-        "build_note": ("skipped (--skip-build)" if opts.skip_build else
-                       f"{len(commits)} commits alone on the base, targets "
-                       f"{' '.join(opts.targets)}"),
-        "flake8": not any(f.check == "flake8" for f in findings),
-        "whitespace": not any(f.check == "editorconfig" for f in findings),
+        **_commit_checks(commits, opts, "commits alone on the base"),
         "proof": (proof.get("ok") if any(e["command"].strip() == SMOKE_COMMAND for e in entries)
                   else None),
         "style": not any(style_findings.values()),
@@ -506,15 +512,9 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     proof = {"ok": None, "status": "skipped"} if opts.skip_smoke else \
         smoke(ws.tree, ws.build_dir, list(opts.smoke_args), log)
 
-    findings = [f for c in commits for f in c.findings]
     checks = {
         "patches_match": drift == "",
-        "builds": None if opts.skip_build else all(c.build_ok for c in commits),
-        "build_note": ("skipped (--skip-build)" if opts.skip_build else
-                       f"{len(commits)} commits, each stack's in order from the base, targets "
-                       f"{' '.join(opts.targets)}"),
-        "flake8": not any(f.check == "flake8" for f in findings),
-        "whitespace": not any(f.check == "editorconfig" for f in findings),
+        **_commit_checks(commits, opts, "commits, each stack's in order from the base"),
         "proof": proof.get("ok"),
     }
     # the evidence folder is rewritten whole: stale files from an older run would mislead
