@@ -59,7 +59,7 @@ def _draft_block_graph(fa_backend: str) -> str:
         _node(3, "FLASH_ATTN_EXT", "__fattn__-0", fa_backend,
               [("Qcur-0", fa_backend), ("cache_k_l0 (view)", fa_backend)]),
         _split(3, "CUDA0", ["__fattn__-0"]) if fa_backend != "CUDA0" else "",
-        _node(4, "MUL_MAT", "attn_out_v_b-0", "CUDA0", [("blk.0.attn_v_b.weight", "CUDA0"), ("__fattn__-0", "CUDA0")]),
+        _node(4, "MUL_MAT", "fattn_mla-0", "CUDA0", [("blk.0.attn_v_b.weight", "CUDA0"), ("__fattn__-0", "CUDA0")]),
         _node(5, "MUL_MAT", "a_very_long_node_name_past_twenty", "CUDA0", [("output.weight", "CUDA0")]),
     ]
     return "\n".join(ln for ln in lines if ln) + "\n"
@@ -207,14 +207,14 @@ def test_report_markdown_and_json(tmp_path):
 # ---------------------------------------------------------------------------------------
 # the bundle
 
-def test_permuted_form_source():
-    text = "a\n" + bundle.BROADCAST_V_B + "b\n"
-    out = bundle.permuted_dflash_source(text)
-    assert bundle.PERMUTED_V_B in out and bundle.BROADCAST_V_B not in out
+def test_broadcast_form_source():
+    text = "a\n" + bundle.SERIES_V_B + "b\n"
+    out = bundle.broadcast_dflash_source(text)
+    assert bundle.BROADCAST_V_B in out and bundle.SERIES_V_B not in out
     with pytest.raises(DeviceCheckError, match="occurs 0 times"):
-        bundle.permuted_dflash_source("no anchor")
+        bundle.broadcast_dflash_source("no anchor")
     with pytest.raises(DeviceCheckError, match="occurs 2 times"):
-        bundle.permuted_dflash_source(text + bundle.BROADCAST_V_B)
+        bundle.broadcast_dflash_source(text + bundle.SERIES_V_B)
 
 
 def test_keep_in_tree():
@@ -261,8 +261,8 @@ def test_prepare_bundle(patched_tree, llama_build, tmp_path):
         tar.extractall(tmp_path / "x", filter="data")
     # the series is in the pruned tree and the overlay differs from it only by the v_b form
     tree_src = (tmp_path / "x" / "llama.cpp" / bundle.DFLASH_SOURCE).read_text()
-    overlay = (folder / "overlay" / "permuted" / bundle.DFLASH_SOURCE).read_text()
-    assert tree_src.replace(bundle.BROADCAST_V_B, bundle.PERMUTED_V_B) == overlay
+    overlay = (folder / "overlay" / "broadcast" / bundle.DFLASH_SOURCE).read_text()
+    assert tree_src.replace(bundle.SERIES_V_B, bundle.BROADCAST_V_B) == overlay
     wheels = sorted((folder / "wheels").glob("*.whl"))
     assert [w.name.split("-")[0] for w in wheels] == list(bundle.DEVICE_MISSING)
     with zipfile.ZipFile(wheels[0]) as z:

@@ -9,9 +9,9 @@ PREPARE (this machine, `prepare_bundle`): one self-contained folder, work/device
   llama.cpp.tar.gz   a pruned copy of the patched tree: what CMake needs to configure and
                      build the check's targets with CUDA (no .git, docs, models, media, other
                      GPU backends' sources, the web UI's sources)
-  overlay/permuted/  the same tree's src/models/dflash.cpp with v_b in the permuted-GEMM form
-                     (upstream build_attn's; the series keeps the 4-D broadcast matvec form,
-                     faster on the CPU): built only for the timing, the series is unchanged
+  overlay/broadcast/ the same tree's src/models/dflash.cpp with v_b as a 4-D broadcast matvec
+                     after the attention (the series uses build_attn's v_mla, deepseek2.cpp's
+                     form): built only for the timing beside it, the series is unchanged
   wheels/            the Python packages the device lacks (gguf), as wheels
   src/               this project's package (the driver, the reference, the generators)
   fixtures/          the tiny fixtures the CPU made with the pinned converter (its
@@ -34,7 +34,7 @@ $OUT (device) or work/device-check/ (dry run) after every stage:
   lossless  proof.lossless with `-ngl 99 -ngld 99` (llama-speculative-simple, llama-server -np 2)
   realsize  the real-size draft block (random weights written there) timed by draft-bench on
             the GPU against the HBM floor (bench.floors' bytes / the copy bandwidth measured
-            in the same run), for both v_b forms; the permuted build also passes the F32
+            in the same run), for both v_b forms; the broadcast build also passes the F32
             parity of one shape before its time counts
 """
 
@@ -86,12 +86,18 @@ TREE_DROP = tuple(f"ggml/src/ggml-{b}/" for b in (
 TREE_DROP_EXCEPT = ("tools/ui/CMakeLists.txt", "tools/ui/ui.h.in", "tools/ui/ui.cpp.in", "tools/ui/sources.cmake")
 TREE_DROP_DIRS_BUT_CMAKE = ("tools/ui/",)
 
-BROADCAST_V_B = ("        cur = ggml_reshape_4d(ctx0, cur, kv_lora_rank, 1, n_head, n_tokens);\n"
-                 "        cur = ggml_mul_mat(ctx0, layer.wv_b, cur);\n")
-PERMUTED_V_B = ("        // device check only (not the series): build_attn's permuted-GEMM form, n_tokens in dim 1\n"
-                "        cur = ggml_reshape_3d(ctx0, cur, kv_lora_rank, n_head, n_tokens);\n"
-                "        cur = ggml_mul_mat(ctx0, layer.wv_b, ggml_permute(ctx0, cur, 0, 2, 1, 3));\n"
-                "        cur = ggml_cont(ctx0, ggml_permute(ctx0, cur, 0, 2, 1, 3));\n")
+#: the series' attention call: v_b and wo inside build_attn (deepseek2.cpp's MLA form)
+SERIES_V_B = ("        cur = build_attn(inp_attn, layer.wo, nullptr, layer.wo_s, Qcur, Kcur, Vcur, nullptr, nullptr, "
+              "layer.wv_b, kq_scale, il);\n")
+#: the other form, timed beside it: v_b as a 4-D broadcast matvec after the attention, then wo
+BROADCAST_V_B = ("        // device check only (not the series): v_b as a 4-D broadcast matvec per (head, token)\n"
+                 "        cur = build_attn(inp_attn, nullptr, nullptr, nullptr, Qcur, Kcur, Vcur, nullptr, nullptr, "
+                 "nullptr, kq_scale, il);\n"
+                 "        cur = ggml_reshape_4d(ctx0, cur, kv_lora_rank, 1, n_head, n_tokens);\n"
+                 "        cur = ggml_mul_mat(ctx0, layer.wv_b, cur);\n"
+                 "        cb(cur, \"attn_out_v_b\", il);\n"
+                 "        cur = ggml_reshape_2d(ctx0, cur, cur->ne[0] * n_head, n_tokens);\n"
+                 "        cur = build_lora_mm(layer.wo, cur, layer.wo_s);\n")
 DFLASH_SOURCE = "src/models/dflash.cpp"
 
 
@@ -145,13 +151,13 @@ def write_tree_tarball(tree: Path, out: Path) -> dict:
             "uncompressed_by_folder": dict(sorted(by_top.items(), key=lambda kv: -kv[1]))}
 
 
-def permuted_dflash_source(text: str) -> str:
-    """dflash.cpp with v_b in the permuted-GEMM form; the broadcast form must occur exactly once."""
-    n = text.count(BROADCAST_V_B)
+def broadcast_dflash_source(text: str) -> str:
+    """dflash.cpp with v_b in the 4-D broadcast form; the series' build_attn call must occur exactly once."""
+    n = text.count(SERIES_V_B)
     if n != 1:
-        raise DeviceCheckError(f"{DFLASH_SOURCE}: the 4-D broadcast v_b product occurs {n} times (1 expected)",
-                               hint="the MLA graph moved: update device/bundle.py's BROADCAST_V_B to the new lines")
-    return text.replace(BROADCAST_V_B, PERMUTED_V_B)
+        raise DeviceCheckError(f"{DFLASH_SOURCE}: the MLA graph's build_attn call occurs {n} times (1 expected)",
+                               hint="the MLA graph moved: update device/bundle.py's SERIES_V_B to the new line")
+    return text.replace(SERIES_V_B, BROADCAST_V_B)
 
 
 # ---------------------------------------------------------------------------------------
@@ -324,9 +330,9 @@ def prepare_bundle(tree: Path, build: Path, bundle: Path, repo_root: Path | None
     tar = write_tree_tarball(tree, bundle / "llama.cpp.tar.gz")
     log(f"device-check: pruned tree {tar['files']} files, {tar['bytes_uncompressed']:,} B -> "
         f"{tar['bytes']:,} B compressed")
-    overlay = bundle / "overlay" / "permuted" / DFLASH_SOURCE
+    overlay = bundle / "overlay" / "broadcast" / DFLASH_SOURCE
     overlay.parent.mkdir(parents=True)
-    overlay.write_text(permuted_dflash_source((tree / DFLASH_SOURCE).read_text()))
+    overlay.write_text(broadcast_dflash_source((tree / DFLASH_SOURCE).read_text()))
     cache = Path(wheel_cache) if wheel_cache else bundle.parent / "device-wheels"
     wheels = fetch_wheels(bundle / "wheels", cache, log=log)
     pkg = _copy_package(bundle / "src")

@@ -28,6 +28,8 @@ from llamacpp_mla_port.errors import DeviceCheckError, PortError
 
 #: the real config's DeepSeek-YaRN factor (fixtures.checkpoint.K3_DSPARK_REAL_CONFIG)
 REAL_YARN_FACTOR = 32.0
+#: the node holding v_b's product in each form (build_attn names it fattn_mla with flash attention on)
+V_B_NODE = {"permuted": "fattn_mla-", "broadcast": "attn_out_v_b-"}
 
 
 def realsize_config(reduced: bool) -> dict:
@@ -337,40 +339,40 @@ class Check:
         rs["block_work"] = work.as_dict()
         rs["hbm_floor_s" if self.cuda else "memory_floor_s"] = work.bytes_total / (rs["bandwidth"]["gbps"] * 1e9)
         # where the real-size graph runs (one extra run with the scheduler's report)
-        rs["fallback"], ops = self._probe(models, "broadcast")
+        rs["fallback"], ops = self._probe(models, "permuted")
         ok = self._fallback_verdict({"realsize-fa-on-f16": rs["fallback"]})
-        rs["v_b_ops"] = {"broadcast": ops}
-        rs["forms"]["broadcast"] = self._time_form(models, "broadcast")
+        rs["v_b_ops"] = {"permuted": ops}
+        rs["forms"]["permuted"] = self._time_form(models, "permuted")
         self.save()
-        # the permuted-GEMM form: rebuild libllama with the overlay, prove it, time it, restore
+        # the 4-D broadcast form: rebuild libllama with the overlay, prove it, time it, restore
         original = (self.tree / DFLASH_SOURCE).read_text()
         try:
             # copyfile, not copy2: the source must look newer than its object to be recompiled
-            shutil.copyfile(self.bundle / "overlay" / "permuted" / DFLASH_SOURCE, self.tree / DFLASH_SOURCE)
+            shutil.copyfile(self.bundle / "overlay" / "broadcast" / DFLASH_SOURCE, self.tree / DFLASH_SOURCE)
             self._rebuild_llama()
-            # the graph must show the other form: v_b's output is the CONT of the permuted product
-            _, rs["v_b_ops"]["permuted"] = self._probe(models, "permuted")
-            if rs["v_b_ops"]["permuted"] != ["CONT"] or rs["v_b_ops"]["broadcast"] != ["MUL_MAT"]:
-                raise DeviceCheckError(f"the v_b forms did not build as meant: attn_out_v_b ops {rs['v_b_ops']} "
-                                       "(broadcast: MUL_MAT, permuted: CONT expected)")
-            rs["permuted_parity_f32"] = self._permuted_parity()
-            rs["forms"]["permuted"] = self._time_form(models, "permuted")
+            # the graph must show the other form: v_b's product is the overlay's own node
+            _, rs["v_b_ops"]["broadcast"] = self._probe(models, "broadcast")
+            if rs["v_b_ops"]["permuted"] != ["MUL_MAT"] or rs["v_b_ops"]["broadcast"] != ["MUL_MAT"]:
+                raise DeviceCheckError(f"the v_b forms did not build as meant: v_b ops {rs['v_b_ops']} "
+                                       "(permuted: fattn_mla MUL_MAT, broadcast: attn_out_v_b MUL_MAT expected)")
+            rs["broadcast_parity_f32"] = self._overlay_parity()
+            rs["forms"]["broadcast"] = self._time_form(models, "broadcast")
         finally:
             (self.tree / DFLASH_SOURCE).write_text(original)
             self._rebuild_llama()
         b, p = rs["forms"]["broadcast"]["block_median_s"], rs["forms"]["permuted"]["block_median_s"]
         rs["permuted_over_broadcast"] = p / b
-        rs["faster_form"] = "broadcast" if b <= p else "permuted"
-        return ok and rs["permuted_parity_f32"]["ok"]
+        rs["faster_form"] = "broadcast" if b < p else "permuted"
+        return ok and rs["broadcast_parity_f32"]["ok"]
 
     def _probe(self, models: dict, form: str) -> tuple[dict, list[str]]:
         """One untimed draft-bench run with the scheduler's report: the draft graphs' splits
-        and the ops of the v_b output node (attn_out_v_b-N)."""
+        and the ops of the v_b product (fattn_mla-N in the series, attn_out_v_b-N in the overlay)."""
         from llamacpp_mla_port.proof.splits import draft_graphs, fallback_report, node_ops, parse_sched_log
 
         probe = self._bench(models, f"probe-{form}", repeats=1, env={"GGML_SCHED_DEBUG": "2"})
         text = Path(str(probe["json"]) + ".log").read_text(errors="replace")
-        return fallback_report(text), node_ops(draft_graphs(parse_sched_log(text)), "attn_out_v_b-")
+        return fallback_report(text), node_ops(draft_graphs(parse_sched_log(text)), V_B_NODE[form])
 
     def _rebuild_llama(self) -> None:
         from llamacpp_mla_port.build import ensure_build
@@ -378,7 +380,7 @@ class Check:
         ensure_build(self.tree, self.build, ("llama",), cmake_args=self.cmake_args(), jobs=self.threads, echo=False)
         self.report.setdefault("rebuilds_s", []).append(round(time.monotonic() - t, 1))
 
-    def _permuted_parity(self) -> dict:
+    def _overlay_parity(self) -> dict:
         from llamacpp_mla_port.proof.parity import MODES, PARITY_CONFIGS, run_parity
         from llamacpp_mla_port.proof.reference.model import read_target_head
         from llamacpp_mla_port.fixtures.target_variants import target_with_layers

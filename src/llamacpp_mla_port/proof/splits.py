@@ -12,7 +12,7 @@ log (draft-logits: OUT/llama.log; draft-bench: OUT.json.log):
 
 (fixed-width fields: op 10, names 20, sizes 5, backend 5, cause 8; views are not listed).
 `parse_sched_log(text)` returns one SchedGraph per printed graph; `draft_graphs` keeps the
-draft's (its block graph names `attn_out_v_b-N`, its injection graph `Kcur_injected-N`);
+draft's (its block graph names `inp_noise_embd`, its injection graph `Kcur_injected-N`);
 `cpu_fallbacks(graph)` lists the nodes that ran on the CPU when a GPU was in the graph,
 except the one placement llama.cpp makes on purpose: a GET_ROWS of a weight kept in host
 memory (the input layer: the target's token table, the draft's Markov rows).
@@ -28,7 +28,7 @@ _NODE = re.compile(r"^node #\s*(\d+) \((.{10})\): (.{20}) \((.{5})\) \[(.{5}) (.
 _SRC = re.compile(r" (.{20}) \((.{5})\) \[(.{5}) (.{8})\]")
 
 #: node names only the draft's graphs have (dflash.cpp's MLA graph)
-DRAFT_BLOCK_MARK = "attn_out_v_b-"
+DRAFT_BLOCK_MARK = "inp_noise_embd"
 DRAFT_INJECT_MARK = "Kcur_injected-"
 HOST_BACKENDS = ("CPU",)
 
