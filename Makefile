@@ -82,7 +82,7 @@ pr: build
 	$(TOOL) pr
 
 canary: $(STAMP)
-	$(TOOL) rebase --onto $(CANARY_ONTO) --canary --prove $(if $(CANARY_DIR),--canary-dir $(CANARY_DIR)) $(CANARY_ARGS)
+	$(TOOL) rebase --onto $(CANARY_ONTO) --canary --prove --build-stacks $(if $(CANARY_DIR),--canary-dir $(CANARY_DIR)) $(CANARY_ARGS)
 
 bench: patch
 	$(TOOL) bench $(BENCH_ARGS)

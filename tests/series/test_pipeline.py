@@ -411,6 +411,19 @@ def test_reapplying_keeps_the_mtime_of_files_whose_content_did_not_change(tmp_pa
     assert all(p.stat().st_mtime_ns == 1_000_000_000 for p in others)
 
 
+def test_a_reworded_commit_is_applied_again(tmp_path, opts):
+    """Only a commit message changed: the work tree's commit must carry the new message."""
+    first = pipeline.patch(opts, log=lambda *_: None)
+    repo = gitutil.open_repo(Path(first["tree"]))
+    templates = _copy_templates(tmp_path)
+    message = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "message.txt.j2"
+    message.write_text(message.read_text() + "\nReworded.\n")
+    logs: list[str] = []
+    pipeline.patch(dataclasses.replace(opts, templates_dir=templates), log=logs.append)
+    assert not any("already applied" in line for line in logs), logs
+    assert "Reworded." in gitutil.run(repo, "log", "--format=%B", "mla-port-base..HEAD")
+
+
 def _touched_by_series(patches_dir: Path):
     import unidiff
     for patch in sorted(patches_dir.glob("*.patch")):

@@ -60,7 +60,7 @@ def test_a_renamed_function_ends_at_anchor_with_the_anchor_and_candidates(world,
     rc, report, lines = demo.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up))
     assert rc == 1 and not report["ok"] and report["stage"] == "anchor"
     assert _stages(report) == {"obtain": True, "anchor": False, "apply": None, "build": None,
-                               "proof": None}
+                               "stacks": None, "proof": None}
     fail = report["failure"]
     assert fail["file"] == GRAPH and fail["anchor"] == K_SET_INPUT
     assert fail["status"] == "within-missing" and fail["patch"].startswith("0002-")
@@ -176,7 +176,8 @@ def test_a_hunk_that_does_not_compile_ends_at_build_with_the_compiler_file_and_l
         mp.setenv("CCACHE_STATSLOG", str(stats_log))
         rc, report, lines = p.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up))
     assert rc == 1 and report["stage"] == "build", json.dumps(report["stages"], indent=1)[-3000:]
-    assert _stages(report) == {"obtain": True, "anchor": True, "apply": True, "build": False, "proof": None}
+    assert _stages(report) == {"obtain": True, "anchor": True, "apply": True, "build": False, "stacks": None,
+                               "proof": None}
     fail = report["failure"]
     assert fail["file"] == "src/models/dflash.cpp" and isinstance(fail["line"], int)
     assert helper in fail["error"]["message"]
@@ -212,11 +213,59 @@ def test_a_tree_that_builds_and_proves_ends_ok(world, tmp_path, capsys):
     before = p.snapshot()
     rc, report, lines = p.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up))
     assert rc == 0 and report["ok"] and report["stage"] == "ok", json.dumps(report["failure"], indent=1)
-    assert all(_stages(report).values())
+    assert all(v for k, v in _stages(report).items() if k != "stacks")
+    assert report["stages"]["stacks"]["skipped"] == "not asked (--build-stacks)"
     figures = report["stages"]["proof"]["figures"]
     assert figures["lossless_runs"]["identical"] == figures["lossless_runs"]["runs"] > 0
     assert "proof    ok" in lines.replace("  ", " ") or re.search(r"proof +ok", lines)
     _untouched(p, before)
+
+
+def _stacks_state(tmp_path, monkeypatch, fail: str | None):
+    """The stacks stage on three rendered stacks, with pr's per-commit check standing in for the
+    build (the real builds: `make canary`, slow); `fail` names the stack whose build fails."""
+    from types import SimpleNamespace
+    from llamacpp_mla_port.upstreaming import pr
+
+    built = []
+
+    def check_commits(repo, base, head, checkout, build_dir, targets, build, log):
+        assert base == f"{head}~1" and build is not None and "test-llama-archs" in targets
+        built.append((head, checkout, build_dir))
+        name = head.removesuffix("-head")
+        if name == fail:
+            (build_dir).mkdir(parents=True, exist_ok=True)
+            (build_dir / build_mod.LOG_NAME).write_text(
+                f"FAILED: x.o\n{checkout}/src/llama-model.cpp:12:5: error: unused variable 'n' [-Werror]\n")
+        return [pr.CommitCheck(sha=head, title="t", files=[], build_ok=name != fail, build_seconds=1.0,
+                               build_error="" if name != fail else "ninja: build stopped")]
+
+    monkeypatch.setattr(pr, "check_commits", check_commits)
+    monkeypatch.setattr(canary, "cache_repo", lambda: tmp_path / "base.git")
+    opts = SimpleNamespace(canary_dir=tmp_path / "canary", jobs=1)
+    state = {"target": SimpleNamespace(label="b11434"),
+             "outcome": SimpleNamespace(stacks=[{"stack": n, "head": f"{n}-head"} for n in ("rpc", "pair-check", "mla")])}
+    return opts, state, built
+
+
+def test_the_stacks_stage_builds_each_stack_head_alone(tmp_path, monkeypatch):
+    opts, state, built = _stacks_state(tmp_path, monkeypatch, fail=None)
+    out = canary._build_stacks(opts, state, log=lambda *a: None)
+    assert [s["stack"] for s in out["stacks"]] == ["rpc", "pair-check", "mla"] and all(s["ok"] for s in out["stacks"])
+    assert [b[0] for b in built] == ["rpc-head", "pair-check-head", "mla-head"]
+    assert {b[1] for b in built} == {tmp_path / "canary" / "stacks" / "llama.cpp"}   # one worktree, one build dir
+    assert out["cmake_args"] == ["-DLLAMA_FATAL_WARNINGS=ON"]
+    assert "rpc built alone" in canary.stage_line("stacks", {"ok": True, "seconds": 3.0, **out})
+
+
+def test_a_stack_that_does_not_build_alone_ends_the_stacks_stage_naming_it(tmp_path, monkeypatch):
+    opts, state, built = _stacks_state(tmp_path, monkeypatch, fail="pair-check")
+    with pytest.raises(canary.StageFailed) as err:
+        canary._build_stacks(opts, state, log=lambda *a: None)
+    evidence = err.value.evidence
+    assert evidence["stack"] == "pair-check" and [b[0] for b in built] == ["rpc-head", "pair-check-head"]
+    assert evidence["message"] == ("PR stack pair-check does not build alone on b11434: "
+                                   "src/llama-model.cpp:12: unused variable 'n' [-Werror]")
 
 
 def test_a_failing_proof_names_its_check_first():
@@ -466,8 +515,9 @@ def test_make_canary_on_the_newest_known_upstream(tmp_path):
     print(proc.stdout)
     report = json.loads((tmp_path / "canary" / "canary.json").read_text())
     assert proc.returncode == 0 and report["ok"], proc.stdout + proc.stderr[-3000:]
-    for stage in ("obtain", "anchor", "apply", "build", "proof"):
+    for stage in ("obtain", "anchor", "apply", "build", "stacks", "proof"):
         assert re.search(rf"^  {stage} +ok ", proc.stdout, re.M), stage
+    assert [s["stack"] for s in report["stages"]["stacks"]["stacks"]] == ["rpc", "pair-check", "mla-draft"]
     assert report["stages"]["anchor"]["found"] == report["stages"]["anchor"]["changes"]
     figures = report["stages"]["proof"]["figures"]
     assert figures["lossless_runs"]["identical"] == figures["lossless_runs"]["runs"] == 28

@@ -54,6 +54,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cmake-arg", action="append", default=[], metavar="ARG",
                    help="extra CMake option for the canary build (repeatable)")
     g.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs")
+    g.add_argument("--build-stacks", action="store_true",
+                   help="after the build: each PR stack alone on the new upstream, built as `pr` "
+                        "builds a commit (LLAMA_FATAL_WARNINGS), in <canary-dir>/stacks/")
+    g.add_argument("--no-proof", action="store_true",
+                   help="stop after the builds (the proof is not run; the report says so)")
     g.add_argument("--quick", action="store_true",
                    help="the proof's quick mode (draft length 3 only in the lossless matrix)")
     g.add_argument("--no-server", action="store_true", help="the proof without llama-server runs")
@@ -93,7 +98,8 @@ def _run_full_canary(args: argparse.Namespace) -> int:
                          templates_dir=args.templates_dir, patches_dir=args.patches_dir,
                          canary_dir=args.canary_dir, cmake_args=tuple(args.cmake_arg),
                          jobs=args.jobs, quick=args.quick, server=not args.no_server,
-                         threads=args.threads, baseline=args.baseline)
+                         threads=args.threads, baseline=args.baseline,
+                         build_stacks=args.build_stacks, prove=not args.no_proof)
     out = sys.stderr if args.json else sys.stdout
 
     def line(text: str) -> None:
@@ -106,7 +112,10 @@ def _run_full_canary(args: argparse.Namespace) -> int:
     path = opts.canary_dir / REPORT_NAME
     path.write_text(json.dumps(report, indent=2) + "\n")
     onto = (report.get("onto") or {}).get("tag") or args.onto
-    verdict = (f"canary: the series renders, applies, builds and proves on {onto}" if report["ok"]
+    done = "builds and proves" if report["stages"]["proof"].get("ok") else "builds (no proof)"
+    if report["stages"]["stacks"].get("ok"):
+        done += ", and each PR stack builds alone,"
+    verdict = (f"canary: the series renders, applies, {done} on {onto}" if report["ok"]
                else f"canary: FAILED at {report['stage']} on {onto}")
     line(f"{verdict} ({report['seconds']:.1f} s); report: {path}")
     if args.json:

@@ -96,7 +96,7 @@ def patch(opts: Options, log=print) -> dict:
     head_tree = gitutil.run(repo, "rev-parse", f"{r.head}^{{tree}}")
     current = gitutil.run(repo, "rev-parse", "HEAD")
     if state.get("status") == "applied" and state.get("head") == current and \
-            gitutil.run(repo, "rev-parse", "HEAD^{tree}") == head_tree:
+            _commits(repo, base.sha, "HEAD") == _commits(repo, base.sha, r.head):
         log(f"{ws.tree}: series already applied on branch {r.series.branch}")
     else:
         touched = {p for c in r.commits for p in c.files}
@@ -105,6 +105,11 @@ def patch(opts: Options, log=print) -> dict:
         log(f"{ws.tree}: {len(names)} commits applied with `git am -3` on branch "
             f"{r.series.branch}")
     return {"tree": ws.tree, "patches": names, "changed": changed, "head": r.head}
+
+
+def _commits(repo: git.Repo, base: str, head: str) -> str:
+    """Each commit's tree and message, base..head: a series that only reworded a commit differs."""
+    return gitutil.run(repo, "log", "--format=%T%n%B%x00", f"{base}..{head}")
 
 
 def check(opts: Options, log=print) -> str:

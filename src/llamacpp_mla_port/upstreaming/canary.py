@@ -13,6 +13,9 @@ Stages, in order; the first that fails ends the run and names its evidence:
            patch, file, line and hunk
   build    build.ensure_build of the targets the proof needs: the first compiler (or CMake,
            or linker) error with file and line, and the series patch that wrote that line
+  stacks   (--build-stacks) each PR stack's head alone on the new upstream, built as `pr`
+           builds a commit (its targets, LLAMA_FATAL_WARNINGS) in <canary-dir>/stacks/:
+           the stack that fails and its build error
   proof    proof.smoke.run_smoke: the failing checks, and the figures either way
 Every stage records its time. A rerun reuses the canary dir (incremental build).
 """
@@ -40,7 +43,7 @@ from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.upstreaming.rebase import MERGED, RebaseOptions, rebase
 from llamacpp_mla_port.upstreaming.targets import Target
 
-STAGES = ("obtain", "anchor", "apply", "build", "proof")
+STAGES = ("obtain", "anchor", "apply", "build", "stacks", "proof")
 ENV_DIR = "MLA_PORT_CANARY_DIR"      # read by project.Places.canary_dir; named in messages
 REPORT_NAME = "canary.json"
 
@@ -58,7 +61,8 @@ class CanaryOptions:
     # the configuration of the tests' build (RPC backend on): the canary's compiles then hit
     # the ccache entries of that build, and the new upstream's ggml-rpc is compiled too
     rpc: bool = True
-    prove: bool = True              # False: stop after the build
+    prove: bool = True              # False: stop after the build (and the stacks' builds)
+    build_stacks: bool = False      # the stacks stage: each PR stack built alone
     quick: bool = False             # smoke --quick
     server: bool = True             # smoke without --no-server
     threads: int = 2
@@ -89,6 +93,8 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
              ("anchor", lambda: _anchor(opts, state, log)),
              ("apply", lambda: _apply(opts, ws, state, log)),
              ("build", lambda: _build(opts, ws, state))]
+    if opts.build_stacks:
+        steps.append(("stacks", lambda: _build_stacks(opts, state, log)))
     if opts.prove:
         steps.append(("proof", lambda: _prove(opts, ws, log)))
 
@@ -111,6 +117,10 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
                     if k not in ("ok", "seconds", "figures")}
         report["failure"] = {"stage": name, **evidence}
     runner.skip_rest(name for name, _ in steps)
+    not_asked = {"stacks": "not asked (--build-stacks)", "proof": "not asked (--no-proof)"}
+    for name in STAGES:
+        if name not in report["stages"]:
+            report["stages"][name] = {"ok": None, "skipped": not_asked[name]}
     report["seconds"] = round(time.monotonic() - started, 1)
     return report
 
@@ -199,6 +209,32 @@ def _build(opts: CanaryOptions, ws: Workspace, state: dict) -> dict:
             evidence["message"] = f"{first['file']}:{first['line']}: {first['message']}"
         raise _Failed(evidence) from None
     return {"targets": list(targets)}
+
+
+def _build_stacks(opts: CanaryOptions, state: dict, log) -> dict:
+    """Each PR stack's head (rendered alone by the anchor stage, in the obtain cache), checked
+    out in one tool-owned worktree and built as `pr` builds a commit, one build dir for all."""
+    from llamacpp_mla_port.upstreaming.pr import PR_CMAKE_ARGS, PR_TARGETS, check_commits, commit_build
+    label = state["target"].label
+    checkout, build_dir = opts.canary_dir / "stacks" / "llama.cpp", opts.canary_dir / "stacks" / "build"
+    build = commit_build(opts.jobs)
+    out = []
+    for entry in state["outcome"].stacks:
+        head = entry["head"]
+        check = check_commits(cache_repo(), f"{head}~1", head, checkout, build_dir, list(PR_TARGETS),
+                              build, log)[0]
+        out.append({"stack": entry["stack"], "head": head, "ok": bool(check.build_ok),
+                    "seconds": check.build_seconds, "warnings_in_touched_files": check.warnings,
+                    "lint_findings": len(check.findings), "error": check.build_error})
+        if not check.build_ok:
+            log_path = build_dir / build_mod.LOG_NAME
+            text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+            first = build_mod.first_error(text, checkout)
+            tail = (check.build_error.strip().splitlines() or ["the build failed"])[-1]
+            where = f"{first['file']}:{first['line']}: {first['message']}" if first and first["file"] else tail
+            raise _Failed({"message": f"PR stack {entry['stack']} does not build alone on {label}: {where}",
+                           "stack": entry["stack"], "error": first, "log": str(log_path), "stacks": out})
+    return {"stacks": out, "targets": list(PR_TARGETS), "cmake_args": list(PR_CMAKE_ARGS)}
 
 
 def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:
@@ -322,6 +358,9 @@ def stage_line(name: str, entry: dict) -> str:
         what = f"{entry['patches']} patches applied with git am -3"
     elif name == "build":
         what = f"built {' '.join(entry['targets'])}"
+    elif name == "stacks":
+        what = "; ".join(f"{s['stack']} built alone ({s['seconds']:.0f} s)" for s in entry["stacks"])
+        what += f", fatal warnings, {' '.join(entry['targets'])}"
     else:
         f = entry["figures"]
         worst = {m: max((v.get(m) or 0.0) for v in f["parity_worst_nmse"].values())

@@ -77,7 +77,7 @@ BuildFn = Callable[[Path, Path, list[str]], object]
 PR_CMAKE_ARGS = ("-DLLAMA_FATAL_WARNINGS=ON",)
 
 
-def _default_build(jobs: int | None) -> BuildFn:
+def commit_build(jobs: int | None) -> BuildFn:
     def build(tree: Path, build_dir: Path, targets: list[str]) -> object:
         from llamacpp_mla_port.build import ensure_build
         # with the RPC backend, so that a commit touching ggml-rpc is compiled as well, and
@@ -483,7 +483,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     evidence = Path(opts.evidence) if opts.evidence else ws.work_dir / "evidence"
     build_dir = Path(opts.build_dir) if opts.build_dir else ws.work_dir / "pr" / "build"
     if build is None and not opts.skip_build:
-        build = _default_build(opts.jobs)
+        build = commit_build(opts.jobs)
     series = load_series(opts.templates_dir)
     unknown = sorted(set(opts.stacks) - {st.name for st in series.stacks})
     if unknown:
