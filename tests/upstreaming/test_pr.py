@@ -324,3 +324,11 @@ def test_every_evidence_command_selects_tests_that_exist():
         out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=repo,
                              capture_output=True, text=True)
         assert out.returncode == 0 and " collected" in out.stdout, f"{cmd}:\n{out.stdout[-2000:]}{out.stderr[-1000:]}"
+
+
+def test_evidence_says_the_server_tests_did_not_run_when_the_stack_triggers_them():
+    from llamacpp_mla_port.upstreaming.pr import server_tests_note
+    note = server_tests_note(["common/arg.cpp", "docs/x.md", "ggml/src/ggml-rpc/transport.h"])
+    assert note and "Not run here" in note and "2 files" in note and "common/arg.cpp" in note
+    assert server_tests_note(["docs/speculative.md", "gguf-py/gguf/constants.py"]) is None     # the control
+    assert server_tests_note(["tools/server/README.md"]) is not None

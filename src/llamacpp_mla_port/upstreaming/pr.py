@@ -282,6 +282,22 @@ def run_evidence(stack: Stack, cwd: Path, proof: dict | None, skip: bool, log=pr
     return out
 
 
+#: what triggers upstream's server workflow (.github/workflows/server.yml `paths`)
+SERVER_TEST_PATHS = re.compile(r"(^|/)(CMakeLists\.txt|Makefile)$|\.(h|hpp|c|cpp|cu|swift|m)$|^tools/server/")
+
+
+def server_tests_note(files: list[str]) -> str | None:
+    """The line EVIDENCE.md gives upstream's server tests, which need the Hub: None when no
+    file of the stack triggers them."""
+    hits = [f for f in files if SERVER_TEST_PATHS.search(f)]
+    if not hits:
+        return None
+    return (f"Not run here: upstream's server tests (tools/server/tests, the server workflow), which "
+            f"{len(hits)} files of this stack trigger (e.g. {', '.join(hits[:3])}). They download "
+            "their models from the Hugging Face Hub, which this machine cannot reach: run them on a "
+            "connected machine before opening the PR.")
+
+
 def evidence_markdown(stack: Stack, entries: list[dict], facts: dict, upstream: dict | None = None) -> str:
     lines = [f"# Evidence for the `{stack.name}` pull request", "",
              "Every claim the PR makes, the command that shows it (run from the project "
@@ -301,6 +317,9 @@ def evidence_markdown(stack: Stack, entries: list[dict], facts: dict, upstream: 
                 lines.append(f"| {name} | {r['base']} | {r['patched']} | {intro} |")
         lines += ["", "flake8 and editorconfig: on the files the stack touches; ty, model naming "
                   "and pre-tokenizer hashes: the whole tree.", ""]
+    note = server_tests_note(facts.get("files", []))
+    if note:
+        lines += [note, ""]
     for i, e in enumerate(entries, 1):
         lines += [f"## {i}. {e['claim']}", "", "```sh", e["command"], "```", "",
                   f"- result: **{e['status']}**" + (f" (exit {e['rc']}, {e['seconds']} s)"
