@@ -199,16 +199,23 @@ def _build(opts: CanaryOptions, ws: Workspace, state: dict) -> dict:
         build_mod.ensure_build(ws.tree, ws.build_dir, targets, opts.cmake_args, opts.jobs,
                                echo=False, rpc=opts.rpc)
     except PortError as err:
-        log_path = ws.build_dir / build_mod.LOG_NAME
-        text = log_path.read_text(errors="replace") if log_path.is_file() else ""
-        first = build_mod.first_error(text, ws.tree)
-        evidence = {"message": err.message.splitlines()[0], "log": str(log_path), "error": first,
+        log_path, first, where = _first_build_error(ws.build_dir, ws.tree)
+        evidence = {"message": where or err.message.splitlines()[0], "log": str(log_path), "error": first,
                     "file": first and first["file"], "line": first and first["line"]}
-        if first and first["file"] and first["line"]:
+        if where:
             evidence["written_by"] = _blame(ws, first["file"], first["line"])
-            evidence["message"] = f"{first['file']}:{first['line']}: {first['message']}"
         raise _Failed(evidence) from None
     return {"targets": list(targets)}
+
+
+def _first_build_error(build_dir: Path, tree: Path) -> tuple[Path, dict | None, str | None]:
+    """The build log, its first error (build.first_error) and that error as `file:line: message`
+    (None when the error names no file and line)."""
+    log_path = build_dir / build_mod.LOG_NAME
+    first = build_mod.first_error(log_path.read_text(errors="replace") if log_path.is_file() else "", tree)
+    named = first is not None and first["file"] and first["line"]
+    where = f"{first['file']}:{first['line']}: {first['message']}" if named else None
+    return log_path, first, where
 
 
 def _build_stacks(opts: CanaryOptions, state: dict, log) -> dict:
@@ -227,11 +234,8 @@ def _build_stacks(opts: CanaryOptions, state: dict, log) -> dict:
                     "seconds": check.build_seconds, "warnings_in_touched_files": check.warnings,
                     "lint_findings": len(check.findings), "error": check.build_error})
         if not check.build_ok:
-            log_path = build_dir / build_mod.LOG_NAME
-            text = log_path.read_text(errors="replace") if log_path.is_file() else ""
-            first = build_mod.first_error(text, checkout)
-            tail = (check.build_error.strip().splitlines() or ["the build failed"])[-1]
-            where = f"{first['file']}:{first['line']}: {first['message']}" if first and first["file"] else tail
+            log_path, first, where = _first_build_error(build_dir, checkout)
+            where = where or (check.build_error.strip().splitlines() or ["the build failed"])[-1]
             raise _Failed({"message": f"PR stack {entry['stack']} does not build alone on {label}: {where}",
                            "stack": entry["stack"], "error": first, "log": str(log_path), "stacks": out})
     return {"stacks": out, "targets": list(PR_TARGETS), "cmake_args": list(PR_CMAKE_ARGS)}
