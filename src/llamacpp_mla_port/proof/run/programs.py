@@ -11,6 +11,7 @@ edited program gets a fresh binary and an unchanged pair is reused.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -20,9 +21,11 @@ from llamacpp_mla_port import project
 from llamacpp_mla_port.errors import BuildError
 
 CPP_DIR = Path(__file__).parent / "cpp"
-PROGRAMS = ("draft-logits", "target-features", "draft-bench", "ggml-floor", "load-check")
+PROGRAMS = ("draft-logits", "target-features", "draft-bench", "ggml-floor", "load-check", "cpu-features")
 #: ggml-floor measures this machine's memory bandwidth with its own loop: vectorised for this CPU
 EXTRA_FLAGS = {"ggml-floor": ("-O3", "-march=native", "-pthread")}
+#: cpu-features asks ggml-cpu itself (ggml_cpu_has_*)
+EXTRA_LIBS = {"cpu-features": ("-lggml-cpu",)}
 
 
 def library_dir(build_dir: Path) -> Path:
@@ -74,7 +77,7 @@ def compile_program(name: str, tree: Path, build_dir: Path, out_dir: Path | None
            *EXTRA_FLAGS.get(name, ()), str(source), "-o", str(binary) + ".tmp"]
     for d in lib_dirs:
         cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
-    cmd += ["-lllama", "-lggml", "-lggml-base"]
+    cmd += ["-lllama", "-lggml", "-lggml-base", *EXTRA_LIBS.get(name, ())]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"compiling {source.name} failed:\n{proc.stderr[-4000:]}",
@@ -86,3 +89,14 @@ def compile_program(name: str, tree: Path, build_dir: Path, out_dir: Path | None
 
 def compile_all(tree: Path, build_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
     return {name: compile_program(name, tree, build_dir, out_dir) for name in PROGRAMS}
+
+
+def ggml_cpu_features(tree: Path, build_dir: Path) -> dict[str, int]:
+    """What the build's ggml-cpu was compiled for (ggml_cpu_has_*: avx2, fma, f16c, avx512,
+    avx512_bf16, amx_int8), not what the CPU has (cpp/cpu-features.cpp)."""
+    exe = compile_program("cpu-features", tree, build_dir)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise BuildError(f"{exe.name} failed (exit {proc.returncode}): {proc.stderr[-1000:]}",
+                         hint=f"rerun `{exe}` to see the error")
+    return json.loads(proc.stdout)
