@@ -108,7 +108,12 @@ def test_reduced_precision_is_compared_like_with_like(parity_run):
             assert result["compared"] == "staged"
             assert result["worst_nmse"] * 10 < result["worst_nmse_vs_float64"], (name, mode)
             for case in result["cases"]:
-                assert case["cache_rounding_flips"] < 0.05, (name, mode, case["cache_rounding_flips"])
+                # one activation rounded the other way into a BF16 product moves its token row (seen:
+                # one row at 30 %, 0 elsewhere); a misplaced rounding point flips every row: worst
+                # seen without each layer's worst row 0.0018 (native with and without the
+                # small-batch kernel, portable)
+                flips = (case["cache_rounding_flips_but_worst_row"], case["cache_rounding_flips"])
+                assert flips[0] < 0.02, (name, mode, flips)
                 assert set(case["staged"]) >= {"nmse_context_rows", "nmse_attn-0", "nmse_ffn-0", "nmse_head_hidden"}
 
 
