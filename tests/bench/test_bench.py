@@ -132,6 +132,23 @@ def test_ggml_floor_measures(patched_tree, llama_build, tmp_path):
 
 
 @pytest.mark.build
+def test_n_sweep_measures_each_product_against_its_floor(patched_tree, llama_build, tmp_path):
+    from llamacpp_mla_port.bench import sweep
+
+    sw = sweep.run_sweep(patched_tree, llama_build, tmp_path / "s.json", threads=1, repeats=1,
+                         shapes={"w": (256, 64)}, n_values=(1, 7), bw_mib=64)
+    assert [(r["type"], r["n"]) for r in sw["rows"]] == [("bf16", 1), ("bf16", 7), ("q8_0", 1), ("q8_0", 7)]
+    for r in sw["rows"]:
+        assert r["seconds"] > 0 and r["compute_s"] > 0 and r["memory_s"] > 0
+        assert math.isclose(r["ratio_to_floor"], r["seconds"] / max(r["memory_s"], r["compute_s"]), rel_tol=1e-2)
+    # the compute floor is FLOPs at the best N >= 32 rate: 7 columns cost 7x one column's
+    by_n = {(r["type"], r["n"]): r for r in sw["rows"]}
+    assert math.isclose(by_n[("bf16", 7)]["compute_s"], 7 * by_n[("bf16", 1)]["compute_s"], rel_tol=1e-2)
+    assert sweep.table(sw)[2].startswith("| bf16 | w | 1 |")
+    assert sweep.plot(sw, tmp_path / "p.png").stat().st_size > 1000
+
+
+@pytest.mark.build
 def test_draft_bench_times_both_passes_and_profiles(patched_tree, llama_build, tiny_pair, tmp_path):
     from llamacpp_mla_port.proof.run.processes import run_bounded
     from llamacpp_mla_port.proof.run.programs import compile_program

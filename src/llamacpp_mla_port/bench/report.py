@@ -89,6 +89,10 @@ def _plots(report: dict, plots: Path) -> list[str]:
         fig.savefig(plots / "passes_vs_floor.png", dpi=110)
         plt.close(fig)
         made.append("passes_vs_floor.png")
+    if report.get("sweep"):
+        from llamacpp_mla_port.bench.sweep import plot as sweep_plot
+        sweep_plot(report["sweep"], plots / "mul_mat_n_sweep.png")
+        made.append("mul_mat_n_sweep.png")
     spec = report.get("spec")
     if spec and spec.get("acceptance_per_position"):
         acc = spec["acceptance_per_position"]
@@ -157,6 +161,13 @@ def render_markdown(report: dict, plots: list[str]) -> str:
         L += [f"| {g['type']} | {g['k']} | {g['m']} | {g['n']} | {g['buft']} | {g['gflops']:.1f} | "
               f"{g['gbps']:.2f} | {g['cpu_share']:.2f} |" for g in fl["gemm"]]
         L += [""]
+    if report.get("sweep"):
+        from llamacpp_mla_port.bench.sweep import table as sweep_table
+        sw = report["sweep"]
+        L += ["## MUL_MAT over N activation columns vs its floor", "",
+              f"ggml-floor, {sw['threads']} threads, best of {sw['repeats']}; floor = max(weight bytes / "
+              f"{sw['bandwidth_gbps']:.1f} GB/s, FLOPs / ggml's best rate on the same shape at N = {', '.join(map(str, sw['n_compute']))}).", ""]
+        L += sweep_table(sw) + [""]
     if report.get("passes"):
         L += ["## Draft passes vs floor", "",
               f"Block: {report.get('block', 7)} tokens over {report.get('block_ctx', 512)} cached rows "

@@ -11,6 +11,8 @@ Stages (each timed; a failing stage is recorded and the others still run):
              cached rows, BF16 and Q8_0 pairs, with a per-op profile of the BF16 block
   torch      the same block through bench.torch_draft (BF16, same threads, same inputs),
              and its logits against llama.cpp's
+  sweep      ggml-cpu's MUL_MAT over N = 1..17, 32, 64 at the draft's largest shapes (BF16,
+             Q8_0) against each product's floor (bench.sweep)
   spec       speculative step split on the tiny pair (draft vs target time, acceptance per position)
   tool       `make patch` cold/warm, `make build` cold and after a one-template change
 
@@ -282,6 +284,18 @@ class Bench:
             entry["profile_inject"] = summarize_profile(prof["profile_inject"], prof["profiled_inject_seconds"])
             self.report["passes"][wt] = entry
 
+    # ------------------------------------------------------------------ N sweep
+    def sweep(self) -> None:
+        """ggml-cpu's MUL_MAT over N at the draft's largest shapes against its floor (bench.sweep)."""
+        from llamacpp_mla_port.bench import sweep as sw
+
+        out = self.out / "sweep.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # small products: more repeats than the passes, for the same noise
+        self.report["sweep"] = sw.run_sweep(self.tree, self.build, out, self.threads, repeats=max(5, self.repeats))
+        self.cmd("sweep", [self._program("ggml-floor"), "--threads", self.threads, "--out", out,
+                           "--repeats", max(5, self.repeats), "--gemm", "(bench.sweep: TYPES x SHAPES x N_VALUES, 512)"])
+
     # ------------------------------------------------------------------ PyTorch
     def torch(self) -> None:
         import torch
@@ -534,6 +548,7 @@ def run_bench(tree: Path, build: Path, out: Path, threads: int | None = None, re
     b.stage("floors", b.floors)
     b.stage("kv", b.kv)
     b.stage("passes", b.passes)
+    b.stage("sweep", b.sweep)
     b.stage("torch", b.torch)
     b.cleanup()
     b.stage("spec", b.spec)

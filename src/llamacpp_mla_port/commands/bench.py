@@ -11,7 +11,7 @@ from pathlib import Path
 
 from llamacpp_mla_port.commands.common import add_tree_args
 
-STAGES = ("models", "floors", "kv", "passes", "torch", "spec", "tool")
+STAGES = ("models", "floors", "kv", "passes", "sweep", "torch", "spec", "tool")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
