@@ -21,11 +21,12 @@ from llamacpp_mla_port import project
 from llamacpp_mla_port.errors import BuildError
 
 CPP_DIR = Path(__file__).parent / "cpp"
-PROGRAMS = ("draft-logits", "target-features", "draft-bench", "ggml-floor", "load-check", "cpu-features")
+PROGRAMS = ("draft-logits", "target-features", "draft-bench", "ggml-floor", "load-check", "cpu-features",
+            "mulmat-check")
 #: ggml-floor measures this machine's memory bandwidth with its own loop: vectorised for this CPU
 EXTRA_FLAGS = {"ggml-floor": ("-O3", "-march=native", "-pthread")}
-#: cpu-features asks ggml-cpu itself (ggml_cpu_has_*)
-EXTRA_LIBS = {"cpu-features": ("-lggml-cpu",)}
+#: cpu-features and mulmat-check ask ggml-cpu itself (ggml_cpu_has_*, its type traits)
+EXTRA_LIBS = {"cpu-features": ("-lggml-cpu",), "mulmat-check": ("-lggml-cpu",)}
 
 
 def library_dir(build_dir: Path) -> Path:
