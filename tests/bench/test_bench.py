@@ -147,6 +147,13 @@ def test_n_sweep_measures_each_product_against_its_floor(patched_tree, llama_bui
     assert sweep.table(sw)[2].startswith("| bf16 | w | 1 |")
     assert sweep.plot(sw, tmp_path / "p.png").stat().st_size > 1000
 
+    # against a baseline build (here the same build: before and after measure alike)
+    sw2 = sweep.run_sweep(patched_tree, llama_build, tmp_path / "s.json", threads=1, repeats=1,
+                          shapes={"w": (256, 64)}, n_values=(7,), bw_mib=64, baseline=llama_build, rounds=2)
+    assert sw2["rounds"] == 2 and all(r["before_seconds"] > 0 and r["speedup"] > 0 for r in sw2["rows"])
+    assert "before / after" in sweep.table(sw2)[0]
+    assert sweep.plot(sw2, tmp_path / "p2.png").stat().st_size > 1000
+
 
 @pytest.mark.build
 def test_draft_bench_times_both_passes_and_profiles(patched_tree, llama_build, tiny_pair, tmp_path):
@@ -196,12 +203,18 @@ def test_report_renders_tables_and_plots(tmp_path):
               "spec": {"pair": "tiny", "steps": 10, "prompts": 2, "draft_max": 7, "draft_ms_per_step": 5.0,
                        "target_and_rest_ms_per_step": 10.0, "draft_share": 0.33, "mean_accept_len": 2.5,
                        "acceptance_per_position": [0.7, 0.5, 0.2, 0.1, 0.0, 0.0, 0.0]},
+              "sweep": {"threads": 2, "repeats": 5, "rounds": 3, "baseline": "work/build-base", "bandwidth_gbps": 22.8,
+                        "n_compute": [32, 64, 512],
+                        "rows": [{"type": "q8_0", "shape": "lm_head", "k": 7168, "m": 16384, "n": 7, "seconds": 0.021,
+                                  "gbps": 5.9, "gflops": 78.0, "memory_s": 0.0055, "compute_s": 0.0150,
+                                  "ratio_to_floor": 1.4, "before_seconds": 0.028, "speedup": 1.333}]},
               "commands": {"passes_bf16": "draft-bench --draft D"}}
     md = write_report(report, tmp_path)
     text = md.read_text()
     assert "1.17x" in text and "5,760" in text and "3,060" in text and "204,800" in text
     assert "q8_0, flash attn | 1.00e-05" in text and "2.00e-06" in text
     assert "Failed stages" in text and "draft-bench --draft D" in text
-    for png in ("kv_bytes.png", "passes_vs_floor.png", "acceptance.png"):
+    assert "| q8_0 | lm_head | 7 | 21.0 ms |" in text and "28.0 ms | 1.33x |" in text and "work/build-base" in text
+    for png in ("kv_bytes.png", "passes_vs_floor.png", "acceptance.png", "mul_mat_n_sweep.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 1000
     assert "![kv_bytes.png](plots/kv_bytes.png)" in render_markdown(report, ["kv_bytes.png"])

@@ -164,9 +164,13 @@ def render_markdown(report: dict, plots: list[str]) -> str:
     if report.get("sweep"):
         from llamacpp_mla_port.bench.sweep import table as sweep_table
         sw = report["sweep"]
+        n_compute = ", ".join(map(str, sw["n_compute"]))
+        before = (f"; before = `{sw['baseline']}` (the build without the commit), best of {sw['rounds']} "
+                  "interleaved rounds" if sw.get("baseline") else "")
         L += ["## MUL_MAT over N activation columns vs its floor", "",
               f"ggml-floor, {sw['threads']} threads, best of {sw['repeats']}; floor = max(weight bytes / "
-              f"{sw['bandwidth_gbps']:.1f} GB/s, FLOPs / ggml's best rate on the same shape at N = {', '.join(map(str, sw['n_compute']))}).", ""]
+              f"{sw['bandwidth_gbps']:.1f} GB/s, FLOPs / ggml's best rate on the same shape at N = {n_compute})"
+              f"{before}.", ""]
         L += sweep_table(sw) + [""]
     if report.get("passes"):
         L += ["## Draft passes vs floor", "",

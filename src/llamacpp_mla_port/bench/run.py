@@ -57,8 +57,9 @@ def _log(msg: str) -> None:
 
 class Bench:
     def __init__(self, tree: Path, build: Path, out: Path, threads: int, repeats: int = 3,
-                 reuse_models: bool = False, stages: tuple[str, ...] | None = None):
+                 reuse_models: bool = False, stages: tuple[str, ...] | None = None, baseline: Path | None = None):
         self.tree, self.build, self.out = Path(tree).resolve(), Path(build).resolve(), Path(out).resolve()
+        self.baseline = Path(baseline).resolve() if baseline else None
         self.models = self.out / "models"
         self.threads, self.repeats, self.reuse = threads, repeats, reuse_models
         self.stages = stages
@@ -292,9 +293,11 @@ class Bench:
         out = self.out / "sweep.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         # small products: more repeats than the passes, for the same noise
-        self.report["sweep"] = sw.run_sweep(self.tree, self.build, out, self.threads, repeats=max(5, self.repeats))
+        self.report["sweep"] = sw.run_sweep(self.tree, self.build, out, self.threads, repeats=max(5, self.repeats),
+                                            baseline=self.baseline)
         self.cmd("sweep", [self._program("ggml-floor"), "--threads", self.threads, "--out", out,
-                           "--repeats", max(5, self.repeats), "--gemm", "(bench.sweep: TYPES x SHAPES x N_VALUES, 512)"])
+                           "--repeats", max(5, self.repeats), "--gemm", "(bench.sweep: TYPES x SHAPES x N_VALUES, 512)"]
+                 + (["(and against --baseline-build", self.baseline, ", interleaved)"] if self.baseline else []))
 
     # ------------------------------------------------------------------ PyTorch
     def torch(self) -> None:
@@ -524,7 +527,8 @@ def tool_timings(work: Path, threads: int, log=print) -> dict:
 # ---------------------------------------------------------------------------------------
 
 def run_bench(tree: Path, build: Path, out: Path, threads: int | None = None, repeats: int = 3,
-              reuse_models: bool = False, stages: tuple[str, ...] | None = None) -> dict:
+              reuse_models: bool = False, stages: tuple[str, ...] | None = None,
+              baseline: Path | None = None) -> dict:
     from llamacpp_mla_port.bench.report import write_report
     from llamacpp_mla_port.build import ensure_build
 
@@ -538,7 +542,7 @@ def run_bench(tree: Path, build: Path, out: Path, threads: int | None = None, re
                 break
             wanted |= more
         stages = tuple(wanted)
-    b = Bench(tree, build, out, threads, repeats, reuse_models, stages)
+    b = Bench(tree, build, out, threads, repeats, reuse_models, stages, baseline)
     free = shutil.disk_usage(b.out.parent if b.out.parent.exists() else Path.cwd()).free
     if free < 25e9 and not reuse_models:
         raise ProofError(f"make bench writes ~22 GB of real-size models under {b.out}; {free / 1e9:.1f} GB free",

@@ -23,6 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per pass, after one warm-up (default 3)")
     parser.add_argument("--reuse-models", action="store_true",
                         help="keep and reuse the real-size models of an earlier run (development)")
+    parser.add_argument("--baseline-build", type=Path, default=None, metavar="DIR",
+                        help="the sweep stage also times a build of the tree without the commit under test "
+                             "(before), interleaved with this one (after)")
     parser.add_argument("--stages", default=None,
                         help=f"comma-separated subset of {','.join(STAGES)} (default: all; later stages need "
                              "earlier ones; a subset updates the existing report.json)")
@@ -42,8 +45,12 @@ def run(args: argparse.Namespace) -> int:
             raise PortError(f"unknown stage(s) {', '.join(unknown)}", hint=f"choose from {', '.join(STAGES)}")
     tree, build = locate_build(args.tree, args.build_dir)
     out = args.out or project.places().bench_dir
+    if args.baseline_build is not None and not (args.baseline_build / "bin").is_dir():
+        raise PortError(f"--baseline-build {args.baseline_build}: not a build dir (no bin/)",
+                        hint="build the tree without the commit first, e.g. `llamacpp-mla-port build --tree "
+                             "DIR --build-dir DIR-build` (README, Benchmark)")
     report = run_bench(tree, build, out, threads=args.threads, repeats=args.repeats,
-                       reuse_models=args.reuse_models, stages=stages)
+                       reuse_models=args.reuse_models, stages=stages, baseline=args.baseline_build)
     seconds = report["last_partial_run_seconds"] if stages else report["total_seconds"]
     print(f"report: {Path(out) / 'report.md'} ({seconds} s)")
     failed = [k for k, v in report["stages"].items() if not v["ok"]]
