@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from llamacpp_mla_port.fixtures.draft_gguf import write_mla_draft_gguf
@@ -45,48 +44,17 @@ def _cpu_flags() -> set[str]:
 CPU_AMX = {"amx_tile", "amx_int8"} <= _cpu_flags()
 
 
-def _retype(src: Path, out: Path, qtype_name: str, suffixes=("attn_k_b.weight", "attn_v_b.weight")) -> Path:
-    """Copy a GGUF with the named per-head tensors converted to `qtype_name` (gguf-py's quantizer)."""
-    import gguf
-    from gguf import GGMLQuantizationType as Q
-
-    qtype = {"q8_0": Q.Q8_0, "f16": Q.F16}[qtype_name]
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(out), arch=str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8"))
-    for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            sub = field.types[-1]
-            if sub == gguf.GGUFValueType.STRING:
-                value = [str(bytes(field.parts[i]), "utf-8") for i in field.data]
-            else:
-                value = [field.parts[i].tolist()[0] for i in field.data]
-            w.add_key_value(name, value, vtype, sub_type=sub)
-        elif vtype == gguf.GGUFValueType.STRING:
-            w.add_key_value(name, str(bytes(field.parts[-1]), "utf-8"), vtype)
-        else:
-            w.add_key_value(name, field.parts[-1].tolist()[0], vtype)
-    for t in r.tensors:
-        arr = np.asarray(t.data).reshape([int(x) for x in reversed(t.shape)])
-        if t.name.endswith(suffixes) and t.tensor_type == Q.F32:
-            w.add_tensor(t.name, gguf.quants.quantize(arr.astype(np.float32), qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(t.name, np.ascontiguousarray(arr))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
-
-
 @pytest.fixture(scope="module")
 def pair(llama_build, patched_tree, tmp_path_factory):
     d = tmp_path_factory.mktemp("amx-probe")
     target = write_kimi_k3_target(llama_build, d / "kimi-k3-tiny.gguf")
-    draft = write_mla_draft_gguf(d / "draft-f32.gguf", target, seed=3, config=CONFIG)
-    drafts = {q: _retype(draft, d / f"draft-kb-{q}.gguf", q) for q in ("q8_0", "f16")}
+    per_head = ("attn_k_b.weight", "attn_v_b.weight")
+    drafts = {q: write_mla_draft_gguf(d / f"draft-kb-{q}.gguf", target, seed=3, config=CONFIG,
+                                      tensor_types=dict.fromkeys(per_head, q)) for q in ("q8_0", "f16")}
+    import gguf
+    for q, path in drafts.items():
+        stored = {t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors if t.name.endswith(per_head)}
+        assert stored == {q.upper()}, (q, stored)
     amx = CPU_AMX and bool(ggml_cpu_features(patched_tree, llama_build)["amx_int8"])
     return compile_program("load-check", patched_tree, llama_build), target, drafts, amx
 
