@@ -42,6 +42,8 @@ INJECT_LAYER_TENSORS = ("attn_kv_a_mqa", "attn_kv_a_norm")
 #: at GEMM_M_MAX (the 163840-row lm_head is measured on a slice of itself), N columns
 GEMM_M_MAX = 16384
 GEMM_N = 512
+#: bytes per weight as stored, per GGUF type of the measured products
+WEIGHT_BYTES = {"bf16": 2.0, "f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
 
 
 @dataclass
@@ -225,7 +227,7 @@ def measure(tree: Path, build: Path, out: Path, specs: list[str], threads: int, 
     for g in raw["gemm"]:
         i = min(range(len(g["seconds"])), key=lambda j: g["seconds"][j])
         flops = 2.0 * g["k"] * g["m"] * g["n"]
-        weight_bytes = g["k"] * g["m"] * {"bf16": 2.0, "f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}.get(g["type"], 1.0)
+        weight_bytes = g["k"] * g["m"] * WEIGHT_BYTES.get(g["type"], 1.0)
         m.gemm[(g["type"], g["k"], g["m"], g["n"])] = {
             "gflops": flops / g["seconds"][i] / 1e9, "gbps": weight_bytes / g["seconds"][i] / 1e9, "buft": g["buft"],
             "cpu_share": g["cpu_seconds"][i] / (g["seconds"][i] * raw["threads"])}

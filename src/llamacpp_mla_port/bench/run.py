@@ -11,8 +11,8 @@ Stages (each timed; a failing stage is recorded and the others still run):
              cached rows, BF16 and Q8_0 pairs, with a per-op profile of the BF16 block
   torch      the same block through bench.torch_draft (BF16, same threads, same inputs),
              and its logits against llama.cpp's
-  sweep      ggml-cpu's MUL_MAT over N = 1..17, 32, 64 at the draft's largest shapes (BF16,
-             Q8_0) against each product's floor (bench.sweep)
+  sweep      ggml-cpu's MUL_MAT over N = 1-8, 12, 16, 17, 32, 64 at the draft's largest
+             shapes (BF16, Q8_0) against each product's floor (bench.sweep)
   spec       speculative step split on the tiny pair (draft vs target time, acceptance per position)
   tool       `make patch` cold/warm, `make build` cold and after a one-template change
 

@@ -1,7 +1,8 @@
 """ggml-cpu's MUL_MAT over N activation columns against its own floor, at the draft's largest shapes.
 
-One ggml-floor run (proof/run/cpp) measures the read bandwidth and each (type, shape, N) product,
-N = 1..17 around the 7-token block and 32, 64, 512 beyond it. The floor of one product is
+ggml-floor (proof/run/cpp) measures the read bandwidth and each (type, shape, N) product, N = 1-8,
+12, 16, 17 around the 7-token block and 32, 64, 512 beyond it (once, or per round and build
+with a baseline). The floor of one product is
 max(weight bytes / that bandwidth, FLOPs / the best rate ggml reaches on the same shape at
 N >= 32, where the small-N path is not used), the same two terms as bench.floors; the ratio to it
 shows where the small-N path leaves time.
@@ -18,8 +19,6 @@ from pathlib import Path
 #: name -> (K, M): the draft's largest weight shapes (K kept; M of lm_head cut to 16384)
 SHAPES = {"lm_head": (7168, 16384), "ffn_down": (14336, 7168)}
 TYPES = ("bf16", "q8_0")
-#: bytes per weight as stored
-WEIGHT_BYTES = {"bf16": 2.0, "q8_0": 34 / 32}
 N_VALUES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 17, 32, 64)
 #: compute-bound column counts: the best rate among them is the floor's second term
 #: (512: bench.floors.GEMM_N)
@@ -52,7 +51,7 @@ def run_sweep(tree: Path, build: Path, out: Path, threads: int, repeats: int = 3
             rate = max(flops[n] / best_seconds("after", (t, k, mm, n)) for n in N_COMPUTE)
             for n in n_values:
                 seconds = best_seconds("after", (t, k, mm, n))
-                weight_bytes = k * mm * WEIGHT_BYTES[t]
+                weight_bytes = k * mm * fl.WEIGHT_BYTES[t]
                 memory_s = weight_bytes / (bandwidth * 1e9)
                 compute_s = flops[n] / rate
                 row = {"type": t, "shape": name, "k": k, "m": mm, "n": n, "seconds": round(seconds, 9),
