@@ -10,11 +10,16 @@
 //   any other order (--bound any): K + 1 (one rounding per product and per addition, one store)
 // For Q8_0 it also recomputes each output in that block order (fmaf, F32) and counts outputs
 // that differ bit for bit ("order_mismatch"): 0 means every output was computed, in that order.
+// With one head it multiplies each column again alone (N = 1) and counts outputs that differ
+// bit for bit from the N-column product ("n1_mismatch"; -1 with heads): 0 means a column's
+// result does not depend on the column count.
 //
-// usage: mulmat-check --type bf16|q8_0 --k K --m M --n N [--heads H] [--threads T] [--seed S]
+// usage: mulmat-check --type bf16|f16|q8_0 --k K --m M --n N [--heads H] [--threads T] [--seed S]
 //                     [--bound kernel|any]  (kernel: Q8_0's block order; any: K + 1)
 //                     [--perturb]   (the reference uses a weight row with 32 negated values:
 //                                    the control, its max_ratio must exceed 1)
+//                     [--perturb-n1]  (the N = 1 products use a weight row with one bit flipped:
+//                                    the control of n1_mismatch, which must then be N)
 // prints one JSON object.
 #include "ggml.h"
 #include "ggml-cpu.h"
@@ -59,6 +64,7 @@ int main(int argc, char ** argv) {
     uint64_t seed = 1;
     bool perturb = false;
     bool kernel_bound = false;
+    bool perturb_n1 = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto val = [&]() -> std::string {
@@ -73,11 +79,13 @@ int main(int argc, char ** argv) {
         else if (a == "--threads") threads = std::atoi(val().c_str());
         else if (a == "--seed")    seed = std::strtoull(val().c_str(), nullptr, 10);
         else if (a == "--perturb") perturb = true;
+        else if (a == "--perturb-n1") perturb_n1 = true;
         else if (a == "--bound")   kernel_bound = val() == "kernel";
         else die("unknown argument " + a);
     }
-    const ggml_type type = type_s == "bf16" ? GGML_TYPE_BF16 : type_s == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_COUNT;
-    if (type == GGML_TYPE_COUNT) die("--type is bf16 or q8_0");
+    const ggml_type type = type_s == "bf16" ? GGML_TYPE_BF16 : type_s == "f16" ? GGML_TYPE_F16
+                         : type_s == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_COUNT;
+    if (type == GGML_TYPE_COUNT) die("--type is bf16, f16 or q8_0");
     if (K <= 0 || M <= 0 || N <= 0 || H <= 0) die("--k, --m, --n (and --heads) must be positive");
     if (type == GGML_TYPE_Q8_0 && K % 32 != 0) die("Q8_0 needs K a multiple of 32");
     if (type != GGML_TYPE_Q8_0 && kernel_bound) die("--bound kernel is Q8_0's block order");
@@ -92,6 +100,8 @@ int main(int argc, char ** argv) {
     std::vector<uint8_t> wq(wrow * M * H);
     if (type == GGML_TYPE_BF16) {
         ggml_fp32_to_bf16_row(w32.data(), (ggml_bf16_t *) wq.data(), K * M * H);
+    } else if (type == GGML_TYPE_F16) {
+        ggml_fp32_to_fp16_row(w32.data(), (ggml_fp16_t *) wq.data(), K * M * H);
     } else {
         ggml_quantize_chunk(type, w32.data(), wq.data(), 0, M * H, K, nullptr);
     }
@@ -111,7 +121,7 @@ int main(int argc, char ** argv) {
 
     // the graph: W [K, M, H] x X [K, N, H]; with H > 1, X is a permuted view of [K, H, N]
     // (the strided per-head activation an MLA graph multiplies k_b and v_b by)
-    const size_t mem = wq.size() + x.size() * sizeof(float) + (size_t) (M * N * H) * sizeof(float) + 16 * 1024 * 1024;
+    const size_t mem = 2 * wq.size() + x.size() * sizeof(float) + 2 * (size_t) (M * N * H) * sizeof(float) + 16 * 1024 * 1024;
     ggml_init_params ip = { mem, nullptr, false };
     ggml_context * ctx = ggml_init(ip);
     ggml_tensor * W = ggml_new_tensor_3d(ctx, type, K, M, H);
@@ -132,6 +142,32 @@ int main(int argc, char ** argv) {
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, Y);
     if (ggml_graph_compute_with_ctx(ctx, gf, threads) != GGML_STATUS_SUCCESS) die("graph compute failed");
+
+    // each column alone (N = 1), from the same weights (the control: one bit of one row flipped)
+    int64_t n1_mismatch = -1;
+    if (H == 1) {
+        ggml_tensor * W1 = W;
+        if (perturb_n1) {
+            W1 = ggml_dup_tensor(ctx, W);
+            std::memcpy(W1->data, wq.data(), wq.size());
+            ((uint8_t *) W1->data)[(size_t) (M / 2) * wrow] ^= 1;  // a low mantissa bit (Q8_0: of the scale)
+        }
+        ggml_cgraph * g1 = ggml_new_graph(ctx);
+        std::vector<ggml_tensor *> cols;
+        for (int64_t n = 0; n < N; ++n) {
+            cols.push_back(ggml_mul_mat(ctx, W1, ggml_view_2d(ctx, X, K, 1, X->nb[1], n * X->nb[1])));
+            ggml_build_forward_expand(g1, cols.back());
+        }
+        if (ggml_graph_compute_with_ctx(ctx, g1, threads) != GGML_STATUS_SUCCESS) die("graph compute failed");
+        n1_mismatch = 0;
+        for (int64_t n = 0; n < N; ++n) {
+            for (int64_t m = 0; m < M; ++m) {
+                const float a = *(const float *) ((const char *) Y->data + m * Y->nb[0] + n * Y->nb[1]);
+                const float b = ((const float *) cols[n]->data)[m];
+                if (std::memcmp(&a, &b, sizeof(float)) != 0) ++n1_mismatch;
+            }
+        }
+    }
 
     if (perturb) {  // the control: the reference's weights differ from the ones multiplied
         const int64_t row = M / 2;
@@ -191,10 +227,10 @@ int main(int argc, char ** argv) {
     }
     std::printf("{\"type\": \"%s\", \"k\": %lld, \"m\": %lld, \"n\": %lld, \"heads\": %lld, \"threads\": %d, "
                 "\"perturb\": %s, \"n_round\": %lld, \"gamma\": %.6g, \"max_ratio\": %.6g, \"max_abs_err\": %.6g, "
-                "\"max_rel_err\": %.6g, \"order_mismatch\": %lld, \"outputs\": %lld}\n",
+                "\"max_rel_err\": %.6g, \"order_mismatch\": %lld, \"n1_mismatch\": %lld, \"outputs\": %lld}\n",
                 type_s.c_str(), (long long) K, (long long) M, (long long) N, (long long) H, threads,
                 perturb ? "true" : "false", (long long) n_round, gamma, max_ratio, max_abs, max_rel,
-                (long long) mismatch, (long long) (M * N * H));
+                (long long) mismatch, (long long) n1_mismatch, (long long) (M * N * H));
     ggml_free(ctx);
     return 0;
 }
