@@ -1,6 +1,6 @@
 // mulmat-check: GGML_OP_MUL_MAT on the CPU backend against a float64 product, for one weight
-// type and shape. The reference multiplies the weights as stored (BF16, or Q8_0 dequantized:
-// exact in float64) by the activations converted the way ggml's mul_mat converts them (the CPU
+// type and shape. The reference multiplies the weights as stored (BF16, F16, or Q8_0
+// dequantized: exact in float64) by the activations converted the way ggml's mul_mat converts them (the CPU
 // from_float of the weight type's vec_dot_type, read back exactly), so the only error left is
 // the kernel's own rounding. Bound per output: gamma_n * sum_k |w_k * x_k|, gamma_n =
 // n*u/(1 - n*u), u = 2^-24, n the most roundings one product meets on its way to the output:
@@ -19,7 +19,7 @@
 //                     [--perturb]   (the reference uses a weight row with 32 negated values:
 //                                    the control, its max_ratio must exceed 1)
 //                     [--perturb-n1]  (the N = 1 products use a weight row with one bit flipped:
-//                                    the control of n1_mismatch, which must then be N)
+//                                    the control of n1_mismatch, which must then be > 0)
 // prints one JSON object.
 #include "ggml.h"
 #include "ggml-cpu.h"
