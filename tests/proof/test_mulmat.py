@@ -11,8 +11,8 @@ order n = K + 1. Where the build is AVX2 without AVX-512 (its compiled features,
 every Q8_0 output must also equal that block order bit for bit: an output a tile skipped or
 computed twice fails there. In those builds, on the shapes tinyBLAS takes at N = 1, every column
 must also equal the same column multiplied alone (N = 1) bit for bit: before the mat-vec commit
-BF16 and F16 differed there (vec_dot at N = 1). Controls: a reference with a perturbed weight row breaks the bound; one
-flipped weight bit in the N = 1 products breaks the bit comparison.
+BF16 and F16 differed there (vec_dot at N = 1). Controls: a reference with a perturbed weight
+row breaks the bound; one flipped weight bit in the N = 1 products breaks the bit comparison.
 """
 
 from __future__ import annotations
@@ -85,9 +85,12 @@ ONE_COLUMN_TILE_SHAPES = ("attn_output", "ffn_down", "ffn_gate_up", "kv_a", "lm_
 @pytest.mark.parametrize("typ", ["bf16", "f16", "q8_0"])
 @pytest.mark.parametrize("shape", sorted(DRAFT_SHAPES))
 def test_mulmat_draft_shapes(mulmat_check, q8_order, typ, shape):
+    """The draft's shapes; on AVX2 builds its long-row products also give each column the same
+    bits at N = 1 (tinyBLAS since the mat-vec commit) as inside a block; before it BF16 and F16
+    did not."""
     k, m, heads = DRAFT_SHAPES[shape]
     for n in (1, 2, 7, 16, 17):
-        _check(mulmat_check, q8_order, typ, k, m, n, heads)
+        _check(mulmat_check, q8_order, typ, k, m, n, heads, one_column_tiles=shape in ONE_COLUMN_TILE_SHAPES)
 
 
 @pytest.mark.parametrize("typ", ["bf16", "f16", "q8_0"])
@@ -96,16 +99,6 @@ def test_mulmat_every_n(mulmat_check, q8_order, typ):
     k, m = (1000 + 13, 37) if typ != "q8_0" else (1024 + 32, 37)
     for n in range(1, 18):
         _check(mulmat_check, q8_order, typ, k, m, n, seed=n)
-
-
-@pytest.mark.parametrize("typ", ["bf16", "f16", "q8_0"])
-@pytest.mark.parametrize("shape", ONE_COLUMN_TILE_SHAPES)
-def test_mulmat_one_column_equals_the_batch(mulmat_check, q8_order, typ, shape):
-    """On AVX2 builds the draft's long-row products give each column the same bits at N = 1
-    (tinyBLAS since the mat-vec commit) as inside a block; before it BF16 and F16 did not."""
-    k, m, heads = DRAFT_SHAPES[shape]
-    for n in (2, 7, 16, 17):
-        _check(mulmat_check, q8_order, typ, k, m, n, heads, one_column_tiles=True)
 
 
 @pytest.mark.parametrize("typ", ["bf16", "f16"])
