@@ -1,6 +1,7 @@
 // ggml-floor: what this machine and this ggml build can do at best, for the benchmark's floors.
 //   * memory read bandwidth with T threads: each thread streams its slice of a buffer much larger
-//     than the caches (best of several passes); the weights of a draft pass are read once;
+//     than the caches (bandwidth.h), --bw-passes times and once more before each product: the
+//     floor takes the best; the weights of a draft pass are read once;
 //   * the GEMM rate ggml itself reaches: GGML_OP_MUL_MAT with a weight of the given type and
 //     shape [K, M] times F32 activations [K, N], computed by the CPU backend with T threads,
 //     the weight placed in the buffer type llama.cpp's loader would pick (an "extra" CPU
@@ -14,10 +15,10 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 
+#include "bandwidth.h"
 #include "clock.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -25,9 +26,9 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 [[noreturn]] static void die(const std::string & msg) {
@@ -37,56 +38,22 @@
 
 
 // ---------------------------------------------------------------------------------------
-// bandwidth
+// bandwidth (bandwidth.h: the same reader draft-bench samples between its passes)
 
-static uint64_t sum_slice(const uint64_t * p, size_t n) {
-    // independent accumulators let the compiler keep several vector loads in flight
-    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        a0 += p[i + 0]; a1 += p[i + 1]; a2 += p[i + 2]; a3 += p[i + 3];
-        a4 += p[i + 4]; a5 += p[i + 5]; a6 += p[i + 6]; a7 += p[i + 7];
-    }
-    for (; i < n; ++i) {
-        a0 += p[i];
-    }
-    return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
-}
-
-static std::vector<double> bandwidth(size_t bytes, int threads, int passes, std::vector<double> * cpu_share) {
-    const size_t n = bytes / sizeof(uint64_t);
-    auto * buf = (uint64_t *) std::aligned_alloc(4096, n * sizeof(uint64_t));
-    if (!buf) {
-        die("cannot allocate the bandwidth buffer");
-    }
-    for (size_t i = 0; i < n; ++i) {
-        buf[i] = i * 0x9E3779B97F4A7C15ull;   // touch every page, non-zero data
-    }
-    std::vector<double> gbps;
-    std::atomic<uint64_t> sink{0};
-    for (int p = 0; p < passes; ++p) {
-        std::vector<std::thread> pool;
-        const double t0 = now_s(), c0 = cpu_s();
-        for (int t = 0; t < threads; ++t) {
-            pool.emplace_back([&, t]() {
-                const size_t b = n * t / threads, e = n * (t + 1) / threads;
-                sink += sum_slice(buf + b, e - b);
-            });
+static void bandwidth(read_bandwidth & reader, int threads, int passes, std::vector<double> & gbps,
+                      std::vector<double> * cpu_share) {
+    try {
+        for (int p = 0; p < passes; ++p) {
+            settle();      // the last product's OpenMP threads may still spin
+            double share = 0.0;
+            gbps.push_back(reader.pass(threads, &share));
+            if (cpu_share) {
+                cpu_share->push_back(share);
+            }
         }
-        for (auto & th : pool) {
-            th.join();
-        }
-        const double wall = now_s() - t0;
-        gbps.push_back((double) (n * sizeof(uint64_t)) / wall / 1e9);
-        if (cpu_share) {
-            cpu_share->push_back((cpu_s() - c0) / (wall * threads));
-        }
+    } catch (const std::exception & err) {
+        die(err.what());
     }
-    std::free(buf);
-    if (sink.load() == 42) {
-        std::puts("");   // keep the sums alive
-    }
-    return gbps;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -262,11 +229,22 @@ int main(int argc, char ** argv) {
     }
     set_threads(backend, threads);
 
-    std::vector<double> bw_cpu;
-    const std::vector<double> bw = bandwidth(bw_mib << 20, threads, passes, &bw_cpu);
-    const std::vector<double> bw1 = threads > 1 ? bandwidth(bw_mib << 20, 1, std::max(2, passes / 2), nullptr) : bw;
+    std::unique_ptr<read_bandwidth> reader;
+    try {
+        reader = std::make_unique<read_bandwidth>(bw_mib << 20);
+    } catch (const std::exception & err) {
+        die(err.what());
+    }
+    std::vector<double> bw, bw_cpu, bw1;
+    bandwidth(*reader, threads, passes, bw, &bw_cpu);
+    bandwidth(*reader, 1, threads > 1 ? std::max(2, passes / 2) : 0, bw1, nullptr);
+    if (threads == 1) {
+        bw1 = bw;
+    }
     std::vector<gemm_result> gemms;
     for (const auto & g : parse_gemm(gemm)) {
+        // one more read after each product: the machine's bandwidth moves, and the floor takes the best
+        bandwidth(*reader, threads, 1, bw, &bw_cpu);
         gemms.push_back(run_gemm(backend, dev, g, repeats, extra_bufts));
         const auto & r = gemms.back();
         std::fprintf(stderr, "ggml-floor: %s %lldx%lld x %lld on %s: %.1f GFLOP/s\n", g.type.c_str(), (long long) g.k,
