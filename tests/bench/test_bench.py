@@ -14,6 +14,7 @@ import pytest
 from llamacpp_mla_port.bench import floors as fl
 from llamacpp_mla_port.bench.report import render_markdown, write_report
 from llamacpp_mla_port.bench.run import _STATS, summarize_profile
+from llamacpp_mla_port.errors import ProofError
 
 
 @pytest.fixture(scope="module")
@@ -164,17 +165,68 @@ def test_draft_bench_times_both_passes_and_profiles(patched_tree, llama_build, t
     exe = compile_program("draft-bench", patched_tree, llama_build)
     out = tmp_path / "b.json"
     proc = run_bounded([exe, "--draft", draft, "--target", target, "--out", out, "--inject", "1,16",
-                        "--block-ctx", 16, "--repeats", 2, "--threads", 1, "--profile"], 300)
+                        "--block-ctx", 16, "--repeats", 2, "--threads", 1, "--profile", "--profile-inject", "1,16",
+                        "--bw-mib", 8], 300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     assert len(res["block_seconds"]) == 2 and all(s > 0 for s in res["block_seconds"])
     assert set(res["inject"]) == {"1", "16"}
+    # one bandwidth read before every timed pass, each over the whole buffer (its sum is checked)
+    assert res["bw_bytes"] == 8 << 20
+    assert len(res["block_bw_gbps"]) == 2 and all(g > 0 for g in res["block_bw_gbps"])
+    assert all(len(res["inject_bw_gbps"][n]) == len(res["inject"][n]) == 2 for n in ("1", "16"))
+    # one profile per injection size, the fc product in each
+    assert set(res["profile_inject"]) == {"1", "16"}
+    for n, p in res["profile_inject"].items():
+        fc = [nd for nd in p["nodes"] if nd["op"] == "MUL_MAT" and nd["ne1"][1] == int(n)]
+        assert p["seconds"] > 0 and fc, n
     ops = {n["op"] for n in res["profile"]}
     assert {"MUL_MAT", "RMS_NORM", "ROPE", "SOFT_MAX"} <= ops
     names = {n["name"] for n in res["profile"]}
     assert "q_nope_absorbed-0" in names and "result_output" in names
     prof = summarize_profile(res["profile"], res["profiled_block_seconds"])
     assert math.isclose(sum(o["share"] for o in prof["by_op"]), 1.0, abs_tol=1e-3)
+
+
+@pytest.mark.build
+def test_draft_bench_repeats_a_pass_until_min_seconds(patched_tree, llama_build, tiny_pair, tmp_path):
+    from llamacpp_mla_port.proof.run.processes import run_bounded
+    from llamacpp_mla_port.proof.run.programs import compile_program
+
+    _, _, draft, target = tiny_pair
+    exe = compile_program("draft-bench", patched_tree, llama_build)
+    out = tmp_path / "b.json"
+    # --min-seconds 0.3 on a tiny pass: more runs than --repeats, until they add up to 0.3 s
+    proc = run_bounded([exe, "--draft", draft, "--target", target, "--out", out, "--inject", "1",
+                        "--block-ctx", 4, "--repeats", 2, "--threads", 1, "--min-seconds", 0.3], 300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    for runs in (res["inject"]["1"], res["block_seconds"]):
+        assert len(runs) > 2 and (sum(runs) >= 0.3 or len(runs) == 200)
+        assert sum(runs[:-1]) < 0.3      # and no run past the first that reached it
+    assert res["block_bw_gbps"] == [] and res["bw_bytes"] == 0     # no --bw-mib: no reads
+    bad = run_bounded([exe, "--draft", draft, "--target", target, "--out", out, "--min-seconds", -1], 60)
+    assert bad.returncode != 0 and "--min-seconds" in bad.stderr
+
+
+def test_pass_entry_pairs_each_run_with_its_bandwidth():
+    from llamacpp_mla_port.bench.run import pass_entry
+
+    work = fl.PassWork("x", 10**9, 0, [], 0)           # 1 GB read, no FLOPs
+    floor = {"memory_s": 0.05, "compute_s": 0.0, "floor_s": 0.05, "bound": "memory"}    # at 20 GB/s
+    # the slow runs met a slow machine: each run at 1.1x the floor of its own moment
+    e = pass_entry(work, floor, [0.055, 0.11, 0.11], [0.055, 0.1, 0.1], [20.0, 10.0, 10.0], threads=1)
+    assert e["runs"] == 3 and e["seconds"] == 0.055 and e["ratio_to_floor"] == 1.1
+    assert e["ratio_paired_median"] == 1.1 and e["bandwidth_paired_gbps_median"] == 10.0
+    # the control: the same times at a steady bandwidth pair as they are
+    e = pass_entry(work, floor, [0.055, 0.11, 0.11], [0.055, 0.1, 0.1], [20.0, 20.0, 20.0], threads=1)
+    assert e["ratio_paired_median"] == 2.2
+    # a compute-bound pass: the bandwidth does not move its floor
+    e = pass_entry(work, {**floor, "compute_s": 0.2, "floor_s": 0.2}, [0.22], [0.22], [5.0], threads=1)
+    assert e["ratio_paired_median"] == 1.1
+    assert "ratio_paired_median" not in pass_entry(work, floor, [0.055], [0.055], [], threads=1)
+    with pytest.raises(ProofError, match="bandwidth samples"):
+        pass_entry(work, floor, [0.055, 0.06], [0.055, 0.06], [20.0], threads=1)
 
 
 def test_speculative_statistics_line_parses():
@@ -190,10 +242,18 @@ def test_speculative_statistics_line_parses():
 def test_report_renders_tables_and_plots(tmp_path):
     entry = {"bytes_weights": 6_500_000_000, "bytes_cache": 3_000_000, "flops": 46_000_000_000, "memory_s": 0.6,
              "compute_s": 0.3, "floor_s": 0.6, "bound": "memory", "seconds": 0.7, "seconds_median": 0.72,
-             "cpu_share": 0.98, "ratio_to_floor": 1.17}
+             "cpu_share": 0.98, "ratio_to_floor": 1.17, "runs": 3, "ratio_paired_median": 1.05,
+             "bandwidth_paired_gbps_median": 19.5}
+    fc = {"name": "node_0", "op": "MUL_MAT", "type0": "bf16", "type1": "f32", "ne": [7168, 1, 1, 1],
+          "ne0": [35840, 7168, 1, 1], "ne1": [35840, 1, 1, 1], "seconds": 0.02, "cpu_seconds": 0.02}
+    prof = summarize_profile([fc], 0.021)
     report = {"threads": 2, "total_seconds": 900, "stages": {"tool": {"ok": False, "error": "boom"}},
               "passes": {"bf16": {"block": entry, "inject 512": entry, "note": None, "peak_rss_bytes": 9e9,
-                                  "file_bytes": 9.8e9, "extra_bufts": True, "profile": {}}},
+                                  "file_bytes": 9.8e9, "extra_bufts": True, "profile": {},
+                                  "profile_inject": {"1": prof, "512": prof}}},
+              "floors": {"bandwidth_gbps": 20.1, "bandwidth_cpu_share": 0.97, "bandwidth_1_thread_gbps": 11.2,
+                         "gemm": [], "bandwidth_floor_gbps": 23.4,
+                         "bandwidth_passes_gbps": {"best": 23.4, "median": 17.9, "samples": 90}},
               "kv": {"n_ctx": 512, "ctx_pos0": 40000, "layers": 5, "latent_width": 576,
                      "values_per_token": {"mla_latent": 2880, "decompressed": 102400},
                      "bytes_per_token": {"f32": 11520.0, "f16": 5760.0, "q8_0": 3060.0},
@@ -214,6 +274,9 @@ def test_report_renders_tables_and_plots(tmp_path):
     assert "1.17x" in text and "5,760" in text and "3,060" in text and "204,800" in text
     assert "q8_0, flash attn | 1.00e-05" in text and "2.00e-06" in text
     assert "Failed stages" in text and "draft-bench --draft D" in text
+    assert "| 1.05x at 19.5 GB/s |" in text and "**700.0 ms** of 3" in text
+    assert "best 23.4, median 17.9 GB/s over 90 reads" in text and "**23.4 GB/s**" in text
+    assert text.index("BF16 1-row injection") < text.index("BF16 512-row injection")
     assert "| q8_0 | lm_head | 7 | 21.0 ms |" in text and "28.0 ms | 1.33x |" in text and "work/build-base" in text
     for png in ("kv_bytes.png", "passes_vs_floor.png", "acceptance.png", "mul_mat_n_sweep.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 1000

@@ -109,10 +109,25 @@ def _plots(report: dict, plots: Path) -> list[str]:
     return made
 
 
+def _passes_bandwidth(fl: dict) -> str:
+    bp = fl.get("bandwidth_passes_gbps")
+    if not bp:
+        return ""
+    return (f" Sampled before each timed pass: best {bp['best']:.1f}, median {bp['median']:.1f} GB/s over "
+            f"{bp['samples']} reads. The passes' memory floors use the best of all: "
+            f"**{fl['bandwidth_floor_gbps']:.1f} GB/s**.")
+
+
+def _paired(e: dict) -> str:
+    if "ratio_paired_median" not in e:
+        return "-"
+    return f"{e['ratio_paired_median']:.2f}x at {e['bandwidth_paired_gbps_median']:.1f} GB/s"
+
+
 def _passes_table(report: dict) -> list[str]:
     passes = report.get("passes", {})
-    out = ["| weights | pass | bytes read | GFLOP | memory floor | compute floor | measured (best) | median | "
-           "ratio to floor | CPU share |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| weights | pass | bytes read | GFLOP | memory floor | compute floor | measured (best of runs) | median | "
+           "ratio to floor | paired ratio (median) | CPU share |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for wt, entry in passes.items():
         for name in PASS_ROWS:
             e = entry.get(name)
@@ -120,8 +135,8 @@ def _passes_table(report: dict) -> list[str]:
                 continue
             out.append(f"| {wt.upper()} | {name} | {_gb(e['bytes_weights'] + e['bytes_cache'])} | "
                        f"{e['flops'] / 1e9:.1f} | {_ms(e['memory_s'])} | {_ms(e['compute_s'])} | "
-                       f"**{_ms(e['seconds'])}** | {_ms(e['seconds_median'])} | "
-                       f"**{e['ratio_to_floor']:.2f}x** ({e['bound']}) | {e['cpu_share']:.2f} |")
+                       f"**{_ms(e['seconds'])}** of {e.get('runs', '?')} | {_ms(e['seconds_median'])} | "
+                       f"**{e['ratio_to_floor']:.2f}x** ({e['bound']}) | {_paired(e)} | {e['cpu_share']:.2f} |")
     return out
 
 
@@ -152,7 +167,8 @@ def render_markdown(report: dict, plots: list[str]) -> str:
     if fl:
         L += ["## Floors", "",
               f"Read bandwidth, {report['threads']} threads: **{fl['bandwidth_gbps']:.1f} GB/s** "
-              f"(CPU share {fl['bandwidth_cpu_share']:.2f}; 1 thread {fl['bandwidth_1_thread_gbps']:.1f} GB/s).", "",
+              f"(CPU share {fl['bandwidth_cpu_share']:.2f}; 1 thread {fl['bandwidth_1_thread_gbps']:.1f} GB/s)."
+              + _passes_bandwidth(fl), "",
               "MUL_MAT at each weight shape of the passes ([K, M], rows capped at 16384), N = 512 activation "
               "columns (compute bound: the compute floor's rate); at N = 7 (a block) the weight bytes streamed "
               "per second, against the read bandwidth above.", "",
@@ -187,8 +203,10 @@ def render_markdown(report: dict, plots: list[str]) -> str:
             L += [f"- {wt.upper()}: " + "; ".join(notes)]
         L += [""]
         for wt, entry in report["passes"].items():
-            for key, what in (("profile", "block"), ("profile_inject", "512-row injection")):
-                prof = entry.get(key) or {}
+            profiles = [("block", entry.get("profile") or {})]
+            injections = sorted((entry.get("profile_inject") or {}).items(), key=lambda kv: int(kv[0]))
+            profiles += [(f"{n}-row injection", p) for n, p in injections]
+            for what, prof in profiles:
                 if not prof:
                     continue
                 L += [f"### Where the {wt.upper()} {what}'s time goes", "",

@@ -44,6 +44,8 @@ BENCH_TARGETS = TARGET_SETS["bench"]       # build.TARGET_SETS: the one table
 INJECT_SIZES = (1, 64, 512)
 BLOCK = 7
 BLOCK_CTX = 512
+PASS_MIN_SECONDS = 2     # each pass repeats until its timed runs add up to this (inject 1: ~70 runs)
+PASS_BW_MIB = 512        # the read sampled before every timed pass: about a 1-row injection's bytes
 
 
 def _stage_line(name: str, st: dict) -> None:
@@ -239,14 +241,18 @@ class Bench:
     def passes(self) -> None:
         """Timed passes at the benchmark's threads with flash attention on (llama.cpp's CPU default,
         what llama-server and llama-speculative-simple run) and the BF16 block also with it off;
-        then a profile of one block and one 512-row injection on ONE thread, per node in CPU
-        time (the node's own work, however busy the machine is)."""
+        then a profile of one block and of a 1-row and a 512-row injection on ONE thread, per node
+        in CPU time (the node's own work, however busy the machine is).
+
+        Every timed pass comes with the read bandwidth sampled just before it (draft-bench
+        --bw-mib): the floor takes the best bandwidth seen anywhere in the run, and the paired
+        ratio sets each pass against the bandwidth of its own moment (this VM's neighbours move
+        the bandwidth by +-30 % within minutes)."""
         from llamacpp_mla_port.bench import floors as fl
 
-        m = self.measured
-        self.report["passes"] = {}
         timed = ["--inject", ",".join(map(str, INJECT_SIZES)), "--repeats", self.repeats, "--threads", self.threads,
-                 "--flash-attn", "on"]
+                 "--flash-attn", "on", "--min-seconds", PASS_MIN_SECONDS, "--bw-mib", PASS_BW_MIB]
+        runs: dict[str, dict] = {}
         for wt in ("bf16", "q8_0"):
             extra, note = True, None
             try:
@@ -258,31 +264,50 @@ class Bench:
                 note = (f"default buffer types failed ({str(err).splitlines()[0][:300]}); "
                         "measured with extra buffer types off (llama.cpp's --no-repack)")
                 res = self._draft_bench(wt, "timed", timed, extra)
+            run = {"extra": extra, "note": note, "timed": res}
+            if wt == "bf16":
+                run["fa-off"] = self._draft_bench(wt, "fa-off", ["--inject", "", "--repeats", self.repeats,
+                                                                 "--threads", self.threads, "--flash-attn", "off",
+                                                                 "--min-seconds", PASS_MIN_SECONDS,
+                                                                 "--bw-mib", PASS_BW_MIB], extra)
+            run["profile"] = self._draft_bench(wt, "profile", ["--profile-only", "--profile-inject",
+                                                               f"{INJECT_SIZES[0]},{INJECT_SIZES[-1]}",
+                                                               "--threads", 1, "--flash-attn", "on"], extra)
+            runs[wt] = run
+
+        m = self.measured
+        probes = [g for run in runs.values() for res in (run["timed"], run.get("fa-off")) if res
+                  for g in res["block_bw_gbps"] + [x for v in res["inject_bw_gbps"].values() for x in v]]
+        if probes and max(probes) > m.bandwidth_gbps:
+            m.bandwidth_gbps = max(probes)      # the best read this run saw is the floor's bandwidth
+        self.report.setdefault("floors", {})["bandwidth_floor_gbps"] = round(m.bandwidth_gbps, 2)
+        self.report["floors"]["bandwidth_passes_gbps"] = {
+            "best": round(max(probes), 2), "median": round(statistics.median(probes), 2), "samples": len(probes),
+        } if probes else {}
+
+        self.report["passes"] = {}
+        for wt, run in runs.items():
+            res = run["timed"]
             d, t = self.files[f"draft_{wt}"], self.files[f"target_{wt}"]
             tables = (fl.tensor_table(d), fl.tensor_table(t))
-            entry: dict = {"extra_bufts": extra, "note": note, "flash_attn": "on", "load_seconds": res["load_seconds"],
-                           "peak_rss_bytes": res["peak_rss_bytes"], "file_bytes": d.stat().st_size + t.stat().st_size}
+            entry: dict = {"extra_bufts": run["extra"], "note": run["note"], "flash_attn": "on",
+                           "load_seconds": res["load_seconds"], "peak_rss_bytes": res["peak_rss_bytes"],
+                           "file_bytes": d.stat().st_size + t.stat().st_size}
             bw = fl.block_work(d, t, BLOCK, BLOCK_CTX, tables=tables)
-            rows = [("block", bw, res["block_seconds"], res["block_cpu"])]
+            rows = [("block", bw, res["block_seconds"], res["block_cpu"], res["block_bw_gbps"])]
             for n in INJECT_SIZES:
                 rows.append((f"inject {n}", fl.inject_work(d, n, table=tables[0]), res["inject"][str(n)],
-                             res["inject_cpu"][str(n)]))
-            if wt == "bf16":
-                off = self._draft_bench(wt, "fa-off", ["--inject", "", "--repeats", self.repeats, "--threads",
-                                                       self.threads, "--flash-attn", "off"], extra)
-                rows.append(("block, flash attn off", bw, off["block_seconds"], off["block_cpu"]))
-            for name, work, secs, cpu in rows:
-                best = min(range(len(secs)), key=lambda i: secs[i])
-                floor = fl.floor_seconds(work, m)
-                rounded = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in floor.items()}
-                entry[name] = {**work.as_dict(), **rounded,
-                               "seconds": round(secs[best], 6), "seconds_median": round(statistics.median(secs), 6),
-                               "cpu_share": round(cpu[best] / (secs[best] * self.threads), 3),
-                               "ratio_to_floor": round(secs[best] / floor["floor_s"], 3)}
-            prof = self._draft_bench(wt, "profile", ["--profile-only", "--profile-inject", INJECT_SIZES[-1],
-                                                     "--threads", 1, "--flash-attn", "on"], extra)
+                             res["inject_cpu"][str(n)], res["inject_bw_gbps"][str(n)]))
+            if "fa-off" in run:
+                off = run["fa-off"]
+                rows.append(("block, flash attn off", bw, off["block_seconds"], off["block_cpu"],
+                             off["block_bw_gbps"]))
+            for name, work, secs, cpu, bws in rows:
+                entry[name] = pass_entry(work, fl.floor_seconds(work, m), secs, cpu, bws, self.threads)
+            prof = run["profile"]
             entry["profile"] = summarize_profile(prof["profile"], prof["profiled_block_seconds"])
-            entry["profile_inject"] = summarize_profile(prof["profile_inject"], prof["profiled_inject_seconds"])
+            entry["profile_inject"] = {n: summarize_profile(p["nodes"], p["seconds"])
+                                       for n, p in prof["profile_inject"].items()}
             self.report["passes"][wt] = entry
 
     # ------------------------------------------------------------------ N sweep
@@ -352,6 +377,31 @@ class Bench:
         ckpt = self.files.get("checkpoint")
         if ckpt and ckpt.exists() and not self.reuse:
             shutil.rmtree(ckpt)
+
+
+# ---------------------------------------------------------------------------------------
+# one pass against its floor
+
+def pass_entry(work, floor: dict, seconds: list[float], cpu: list[float], bw_gbps: list[float],
+               threads: int) -> dict:
+    """A pass's timed runs against its floor. ratio_to_floor: the best run / the floor at the best
+    bandwidth of the run. ratio_paired_median: the median over runs of each run / the floor at
+    the bandwidth read just before it (the like-with-like figure on a machine whose bandwidth
+    moves); absent when no bandwidth was sampled."""
+    best = min(range(len(seconds)), key=lambda i: seconds[i])
+    e = {**work.as_dict(), **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in floor.items()},
+         "runs": len(seconds), "seconds": round(seconds[best], 6),
+         "seconds_median": round(statistics.median(seconds), 6),
+         "cpu_share": round(cpu[best] / (seconds[best] * threads), 3),
+         "ratio_to_floor": round(seconds[best] / floor["floor_s"], 3)}
+    if bw_gbps:
+        if len(bw_gbps) != len(seconds):
+            raise ProofError(f"{len(seconds)} timed runs but {len(bw_gbps)} bandwidth samples",
+                             hint="draft-bench samples the bandwidth before every timed pass: rebuild it")
+        paired = [s / max(work.bytes_total / (g * 1e9), floor["compute_s"]) for s, g in zip(seconds, bw_gbps)]
+        e["bandwidth_paired_gbps_median"] = round(statistics.median(bw_gbps), 2)
+        e["ratio_paired_median"] = round(statistics.median(paired), 3)
+    return e
 
 
 # ---------------------------------------------------------------------------------------

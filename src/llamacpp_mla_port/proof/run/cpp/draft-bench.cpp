@@ -1,8 +1,10 @@
 // draft-bench: time the patched llama.cpp draft's two passes at whatever size the files have:
 //   * context injection of N target-feature rows (for each N of --inject),
 //   * one block of --block tokens [anchor, MASK...] over --block-ctx cached rows,
-// each --repeats times after one untimed warm-up, driven through the public API exactly like
-// draft-logits (ctx_other = a target context, non-causal block, nextn confidence rows).
+// each --repeats times after one untimed warm-up (and again until --min-seconds of timed runs),
+// driven through the public API exactly like draft-logits (ctx_other = a target context,
+// non-causal block, nextn confidence rows). --bw-mib M reads an M MiB buffer (bandwidth.h)
+// right before every timed pass: each pass comes with the read bandwidth of its own moment.
 // With --profile, one more block runs with an eval callback that times every graph node
 // (the scheduler then computes node by node: slower in total, but the shares are per op).
 //
@@ -11,12 +13,15 @@
 // timed pass ends with llama_synchronize, so a GPU pass is timed to its end. OUT.json.log
 // holds llama.cpp's whole log (with GGML_SCHED_DEBUG=2: the scheduler's splits per graph).
 //
-// Output (--out): JSON {"inject": {"N": [seconds...]}, "block": [seconds...], "profile": [...], ...}
+// Output (--out): JSON {"inject": {"N": [seconds...]}, "block_seconds": [seconds...],
+// "inject_bw_gbps": {"N": [GB/s...]}, "block_bw_gbps": [...], "profile": [...],
+// "profile_inject": {"N": {"seconds": s, "nodes": [...]}}, ...}
 #include "llama.h"
 #include "llama-ext.h"
 #include "ggml.h"
 #include "ggml-backend.h"
 
+#include "bandwidth.h"
 #include "clock.h"
 #include "devices.h"
 #include "diag.h"
@@ -29,6 +34,7 @@
 #include <ctime>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -40,13 +46,15 @@ struct args_t {
     int32_t block      = 7;
     int32_t block_ctx  = 512;
     int32_t repeats    = 3;
+    double  min_seconds = 0.0;
+    int32_t bw_mib     = 0;
     int32_t threads    = 2;
     std::string flash_attn = "off";
     std::string cache_type = "f16";
     std::string draft_devices, target_devices;
     bool profile = false;
     bool profile_only = false;
-    int32_t profile_inject = 0;
+    std::vector<int> profile_inject;
     bool extra_bufts = true;
     bool verbose = false;
 };
@@ -57,9 +65,11 @@ static void usage() {
         "                   [--block-ctx 512] [--repeats 3] [--threads N] [--flash-attn on|off]\n"
         "                   [--cache-type f16|f32|bf16|q8_0] [--profile | --profile-only] [--no-extra-bufts]\n"
         "                   [--verbose] [--draft-devices DEV,...] [--target-devices DEV,...]\n"
-        "                   [--profile-inject N]\n"
+        "                   [--profile-inject N,...] [--min-seconds S] [--bw-mib M]\n"
         "  --profile-only: no timed passes, only one warm-up block and the profiled block\n"
-        "  --profile-inject N: also profile one injection of N rows (after an untimed one)\n");
+        "  --profile-inject N,...: also profile one injection of N rows for each N (after an untimed one)\n"
+        "  --min-seconds S: repeat each pass beyond --repeats until its timed runs add up to S (at most 200)\n"
+        "  --bw-mib M: time a read of an M MiB buffer right before every timed pass (0: off)\n");
 }
 
 static std::vector<int> parse_ints(const std::string & s) {
@@ -97,7 +107,9 @@ static args_t parse_args(int argc, char ** argv) {
         else if (k == "--cache-type") a.cache_type = val();
         else if (k == "--profile")    a.profile = true;
         else if (k == "--profile-only") a.profile = a.profile_only = true;
-        else if (k == "--profile-inject") a.profile_inject = std::stoi(val());
+        else if (k == "--profile-inject") a.profile_inject = parse_ints(val());
+        else if (k == "--min-seconds") a.min_seconds = std::stod(val());
+        else if (k == "--bw-mib")     a.bw_mib = std::stoi(val());
         else if (k == "--no-extra-bufts") a.extra_bufts = false;
         else if (k == "--verbose")    a.verbose = true;
         else if (k == "--draft-devices")  a.draft_devices = val();
@@ -109,8 +121,13 @@ static args_t parse_args(int argc, char ** argv) {
         usage();
         die("--draft, --target and --out are required");
     }
-    if (a.repeats < 1 || a.block < 1 || a.block_ctx < 0) {
-        die("--repeats and --block must be >= 1, --block-ctx >= 0");
+    if (a.repeats < 1 || a.block < 1 || a.block_ctx < 0 || a.min_seconds < 0 || a.bw_mib < 0) {
+        die("--repeats and --block must be >= 1; --block-ctx, --min-seconds and --bw-mib >= 0");
+    }
+    for (int n : a.profile_inject) {
+        if (n < 1) {
+            die("--profile-inject sizes must be >= 1");
+        }
     }
     return a;
 }
@@ -223,8 +240,13 @@ static int run(int argc, char ** argv) {
     llama_model_meta_val_str(model_dft, "tokenizer.ggml.mask_token_id", mask_buf, sizeof(mask_buf));
     const llama_token mask_id = mask_buf[0] ? (llama_token) std::atol(mask_buf) : n_vocab - 3;
 
-    const int32_t n_inject_max = std::max({args.inject.empty() ? 0 : *std::max_element(args.inject.begin(), args.inject.end()),
-                                           args.block_ctx, args.profile_inject});
+    int32_t n_inject_max = args.block_ctx;
+    for (int n : args.inject) {
+        n_inject_max = std::max(n_inject_max, n);
+    }
+    for (int n : args.profile_inject) {
+        n_inject_max = std::max(n_inject_max, n);
+    }
 
     llama_context_params cp_tgt = llama_context_default_params();
     cp_tgt.n_ctx     = 64;
@@ -252,7 +274,7 @@ static int run(int argc, char ** argv) {
     cp.ctx_other       = ctx_tgt;
     // one callback for both profiles: it records into whichever profiler is switched on
     struct profilers { profiler * block; profiler * inject; } profs = { &prof, &prof_inject };
-    if (args.profile || args.profile_inject > 0) {
+    if (args.profile || !args.profile_inject.empty()) {
         cp.cb_eval = [](ggml_tensor * t, bool ask, void * user) {
             auto * ps = (profilers *) user;
             return profile_cb(t, ask, ps->block->on ? ps->block : ps->inject);
@@ -321,16 +343,43 @@ static int run(int argc, char ** argv) {
         return now_s() - t0;
     };
 
+    // the timed runs of one pass, each with the read bandwidth sampled right before it
+    struct timed_runs {
+        std::vector<double> seconds, cpu, bw_gbps, bw_cpu_share;
+        double total = 0.0;
+    };
+    std::unique_ptr<read_bandwidth> reader;
+    if (args.bw_mib > 0) {
+        reader = std::make_unique<read_bandwidth>((size_t) args.bw_mib << 20);
+    }
+    const size_t max_runs = 200;
+    auto more = [&](const timed_runs & t) {
+        return t.seconds.size() < (size_t) args.repeats || (t.total < args.min_seconds && t.seconds.size() < max_runs);
+    };
+    auto sample_bw = [&](timed_runs & t) {
+        if (reader) {
+            settle();      // the pass's worker threads may still spin (OpenMP): not on the reader's cores
+            double share = 0.0;
+            t.bw_gbps.push_back(reader->pass(args.threads, &share));
+            t.bw_cpu_share.push_back(share);
+        }
+    };
+    auto record = [&](timed_runs & t, double seconds) {
+        t.seconds.push_back(seconds);
+        t.cpu.push_back(last_cpu);
+        t.total += seconds;
+    };
+
     // injections: the cache emptied before each, one untimed warm-up per size
-    std::map<int, std::vector<double>> t_inject, c_inject;
+    std::map<int, timed_runs> t_inject;
     for (int n : args.profile_only ? std::vector<int>() : args.inject) {
-        for (int r = 0; r <= args.repeats; ++r) {
+        llama_memory_clear(mem, true);
+        inject(n, 0);
+        timed_runs & t = t_inject[n];
+        while (more(t)) {
             llama_memory_clear(mem, true);
-            const double s = inject(n, 0);
-            if (r > 0) {
-                t_inject[n].push_back(s);
-                c_inject[n].push_back(last_cpu);
-            }
+            sample_bw(t);
+            record(t, inject(n, 0));
         }
     }
 
@@ -340,14 +389,13 @@ static int run(int argc, char ** argv) {
     if (args.block_ctx > 0) {
         inject(args.block_ctx, 0);
     }
-    std::vector<double> t_block, c_block;
-    for (int r = 0; r <= (args.profile_only ? 0 : args.repeats); ++r) {
-        const double s = run_block(args.block_ctx);
+    run_block(args.block_ctx);
+    llama_memory_seq_rm(mem, 0, args.block_ctx, -1);
+    timed_runs t_block;
+    while (!args.profile_only && more(t_block)) {
+        sample_bw(t_block);
+        record(t_block, run_block(args.block_ctx));
         llama_memory_seq_rm(mem, 0, args.block_ctx, -1);
-        if (r > 0) {
-            t_block.push_back(s);
-            c_block.push_back(last_cpu);
-        }
     }
 
     double t_profiled = 0.0;
@@ -358,14 +406,16 @@ static int run(int argc, char ** argv) {
         prof.on = false;
     }
 
-    double t_profiled_inject = 0.0;
-    if (args.profile_inject > 0) {
+    std::map<int, std::pair<double, std::vector<node_time>>> profiled_inject;
+    for (int n : args.profile_inject) {
         llama_memory_clear(mem, true);
-        inject(args.profile_inject, 0);      // untimed: the graph for this size is built and reserved
+        inject(n, 0);      // untimed: the graph for this size is built and reserved
         llama_memory_clear(mem, true);
+        prof_inject.nodes.clear();
         prof_inject.on = true;
-        t_profiled_inject = inject(args.profile_inject, 0);
+        const double s = inject(n, 0);
         prof_inject.on = false;
+        profiled_inject[n] = {s, prof_inject.nodes};
     }
 
     size_t kv_bytes = 0;
@@ -386,24 +436,28 @@ static int run(int argc, char ** argv) {
       << "  \"kv_cache_bytes\": " << kv_bytes << ",\n"
       << "  \"kv_cells\": " << llama_n_ctx(ctx) << ",\n"
       << "  \"n_vocab\": " << n_vocab << ",\n"
-      << "  \"inject\": {";
-    bool first = true;
-    for (const auto & it : t_inject) {
-        o << (first ? "" : ", ") << "\"" << it.first << "\": " << json_list(it.second);
-        first = false;
-    }
-    o << "},\n  \"inject_cpu\": {";
-    first = true;
-    for (const auto & it : c_inject) {
-        o << (first ? "" : ", ") << "\"" << it.first << "\": " << json_list(it.second);
-        first = false;
-    }
-    o << "},\n  \"block_seconds\": " << json_list(t_block) << ",\n";
-    o << "  \"block_cpu\": " << json_list(c_block) << ",\n";
+      << "  \"bw_bytes\": " << (reader ? reader->bytes() : 0) << ",\n";
+    auto per_size = [&](const char * key, std::vector<double> timed_runs::*field) {
+        o << "  \"" << key << "\": {";
+        bool first = true;
+        for (const auto & it : t_inject) {
+            o << (first ? "" : ", ") << "\"" << it.first << "\": " << json_list(it.second.*field);
+            first = false;
+        }
+        o << "},\n";
+    };
+    per_size("inject", &timed_runs::seconds);
+    per_size("inject_cpu", &timed_runs::cpu);
+    per_size("inject_bw_gbps", &timed_runs::bw_gbps);
+    per_size("inject_bw_cpu_share", &timed_runs::bw_cpu_share);
+    o << "  \"block_seconds\": " << json_list(t_block.seconds) << ",\n";
+    o << "  \"block_cpu\": " << json_list(t_block.cpu) << ",\n";
+    o << "  \"block_bw_gbps\": " << json_list(t_block.bw_gbps) << ",\n";
+    o << "  \"block_bw_cpu_share\": " << json_list(t_block.bw_cpu_share) << ",\n";
     o << "  \"extra_bufts\": " << (args.extra_bufts ? "true" : "false") << ",\n";
-    auto write_nodes = [&](const profiler & pr) {
-        for (size_t i = 0; i < pr.nodes.size(); ++i) {
-            const auto & n = pr.nodes[i];
+    auto write_nodes = [&](const std::vector<node_time> & nodes) {
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            const auto & n = nodes[i];
             o << (i ? ",\n    " : "\n    ") << "{\"name\": " << json_str(n.name) << ", \"op\": " << json_str(n.op)
               << ", \"type0\": " << json_str(n.type0) << ", \"type1\": " << json_str(n.type1)
               << ", \"ne\": " << json_ne(n.ne) << ", \"ne0\": " << json_ne(n.ne0) << ", \"ne1\": " << json_ne(n.ne1)
@@ -411,11 +465,16 @@ static int run(int argc, char ** argv) {
         }
     };
     o << "  \"profiled_block_seconds\": " << t_profiled << ",\n  \"profile\": [";
-    write_nodes(prof);
-    o << "],\n  \"profiled_inject_rows\": " << args.profile_inject << ",\n  \"profiled_inject_seconds\": "
-      << t_profiled_inject << ",\n  \"profile_inject\": [";
-    write_nodes(prof_inject);
-    o << "]\n}\n";
+    write_nodes(prof.nodes);
+    o << "],\n  \"profile_inject\": {";
+    bool first = true;
+    for (const auto & it : profiled_inject) {
+        o << (first ? "" : ", ") << "\"" << it.first << "\": {\"seconds\": " << it.second.first << ", \"nodes\": [";
+        write_nodes(it.second.second);
+        o << "]}";
+        first = false;
+    }
+    o << "}\n}\n";
     o.close();
     std::ofstream(args.out + ".log") << g_log;
 
