@@ -111,6 +111,7 @@ def test_work_counts_match_the_config(tiny_pair):
     # every weight shape once, rows as they are (all below the cap here)
     assert f"bf16:{h}:{ff}:{fl.GEMM_N}" in specs and f"bf16:{n_taps * h}:{h}:{fl.GEMM_N}" in specs
     assert f"bf16:{ff}:{h}:{fl.GEMM_N}" in specs and len(specs) == len(set(specs))
+    assert {f"bf16:{ff}:{h}:{n}" for n in fl.COMPUTE_NS} <= set(specs)      # each shape at every compute N
     # the two largest shapes per weight type once more at the block's width (the tiny target's head is F32)
     stream = {sp for sp in fl.gemm_specs([w, inj], stream_n=7) if sp.endswith(":7")}
     assert stream == {f"bf16:{n_taps * h}:{h}:7", f"bf16:{ff}:{h}:7", f"f32:{h}:{vocab}:7"}
@@ -130,6 +131,12 @@ def test_ggml_floor_measures(patched_tree, llama_build, tmp_path):
     floor = fl.floor_seconds(fl.PassWork("x", 10**9, 0, [("w", "bf16", 256, 64, 10**9)], 0), m)
     assert math.isclose(floor["memory_s"], 1.0 / m.bandwidth_gbps)
     assert floor["floor_s"] == max(floor["memory_s"], floor["compute_s"])
+    # the rate is the best over the compute column counts: a faster N = 64 sets it
+    fast = {**m.gemm[("bf16", 256, 64, 16)], "gflops": 2 * m.gemm[("bf16", 256, 64, 16)]["gflops"]}
+    m.gemm[("bf16", 256, 64, 64)] = fast
+    assert m.rate("bf16", 256, 64) == fast["gflops"] * 1e9
+    with pytest.raises(ProofError, match="no GEMM rate"):
+        m.rate("bf16", 512, 64)
 
 
 @pytest.mark.build

@@ -169,9 +169,9 @@ def render_markdown(report: dict, plots: list[str]) -> str:
               f"Read bandwidth, {report['threads']} threads: **{fl['bandwidth_gbps']:.1f} GB/s** "
               f"(CPU share {fl['bandwidth_cpu_share']:.2f}; 1 thread {fl['bandwidth_1_thread_gbps']:.1f} GB/s)."
               + _passes_bandwidth(fl), "",
-              "MUL_MAT at each weight shape of the passes ([K, M], rows capped at 16384), N = 512 activation "
-              "columns (compute bound: the compute floor's rate); at N = 7 (a block) the weight bytes streamed "
-              "per second, against the read bandwidth above.", "",
+              "MUL_MAT at each weight shape of the passes ([K, M], rows capped at 16384), N = 64 and 512 "
+              "activation columns (compute bound: the faster of the two is the compute floor's rate); at N = 7 "
+              "(a block) the weight bytes streamed per second, against the read bandwidth above.", "",
               "| weight type | K | M | N | buffer | GFLOP/s | weights GB/s | CPU share |",
               "|---|---|---|---|---|---|---|---|"]
         L += [f"| {g['type']} | {g['k']} | {g['m']} | {g['n']} | {g['buft']} | {g['gflops']:.1f} | "

@@ -44,7 +44,7 @@ BENCH_TARGETS = TARGET_SETS["bench"]       # build.TARGET_SETS: the one table
 INJECT_SIZES = (1, 64, 512)
 BLOCK = 7
 BLOCK_CTX = 512
-PASS_MIN_SECONDS = 2     # each pass repeats until its timed runs add up to this (inject 1: ~70 runs)
+PASS_MIN_SECONDS = 5     # each pass repeats until its timed runs add up to this (inject 1: ~200, block: ~6)
 PASS_BW_MIB = 512        # the read sampled before every timed pass: about a 1-row injection's bytes
 
 
@@ -144,16 +144,17 @@ class Bench:
             wt_specs = [sp for sp in specs if sp.startswith(wt + ":")]
             out = self.out / f"floors-{wt}.json"
             try:
-                part = fl.measure(self.tree, self.build, out, wt_specs, self.threads)
+                part = fl.measure(self.tree, self.build, out, wt_specs, self.threads, repeats=self.repeats)
                 extra = True
             except ProofError as err:
                 # the same fallback as the passes: an extra buffer type (AMX) that crashes on this machine
                 self.floor_notes[wt] = (f"default buffer types failed ({str(err).splitlines()[0][:200]}); "
                                         "measured with extra buffer types off")
-                part = fl.measure(self.tree, self.build, out, wt_specs, self.threads, extra_bufts=False)
+                part = fl.measure(self.tree, self.build, out, wt_specs, self.threads, repeats=self.repeats,
+                                  extra_bufts=False)
                 extra = False
             self.cmd(f"floors_{wt}", [self._program("ggml-floor"), "--threads", self.threads, "--out", out,
-                                      "--bw-mib", 2048, "--gemm", ",".join(wt_specs), "--repeats", 1]
+                                      "--bw-mib", 2048, "--gemm", ",".join(wt_specs), "--repeats", self.repeats]
                      + ([] if extra else ["--no-extra-bufts"]))
             if m is None:
                 m = part
