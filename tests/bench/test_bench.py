@@ -217,23 +217,21 @@ def test_draft_bench_repeats_a_pass_until_min_seconds(patched_tree, llama_build,
 
 
 def test_pass_entry_pairs_each_run_with_its_bandwidth():
-    from llamacpp_mla_port.bench.run import pass_entry
-
     work = fl.PassWork("x", 10**9, 0, [], 0)           # 1 GB read, no FLOPs
     floor = {"memory_s": 0.05, "compute_s": 0.0, "floor_s": 0.05, "bound": "memory"}    # at 20 GB/s
     # the slow runs met a slow machine: each run at 1.1x the floor of its own moment
-    e = pass_entry(work, floor, [0.055, 0.11, 0.11], [0.055, 0.1, 0.1], [20.0, 10.0, 10.0], threads=1)
+    e = fl.pass_entry(work, floor, [0.055, 0.11, 0.11], [0.055, 0.1, 0.1], [20.0, 10.0, 10.0], threads=1)
     assert e["runs"] == 3 and e["seconds"] == 0.055 and e["ratio_to_floor"] == 1.1
     assert e["ratio_paired_median"] == 1.1 and e["bandwidth_paired_gbps_median"] == 10.0
     # the control: the same times at a steady bandwidth pair as they are
-    e = pass_entry(work, floor, [0.055, 0.11, 0.11], [0.055, 0.1, 0.1], [20.0, 20.0, 20.0], threads=1)
+    e = fl.pass_entry(work, floor, [0.055, 0.11, 0.11], [0.055, 0.1, 0.1], [20.0, 20.0, 20.0], threads=1)
     assert e["ratio_paired_median"] == 2.2
     # a compute-bound pass: the bandwidth does not move its floor
-    e = pass_entry(work, {**floor, "compute_s": 0.2, "floor_s": 0.2}, [0.22], [0.22], [5.0], threads=1)
+    e = fl.pass_entry(work, {**floor, "compute_s": 0.2, "floor_s": 0.2}, [0.22], [0.22], [5.0], threads=1)
     assert e["ratio_paired_median"] == 1.1
-    assert "ratio_paired_median" not in pass_entry(work, floor, [0.055], [0.055], [], threads=1)
+    assert "ratio_paired_median" not in fl.pass_entry(work, floor, [0.055], [0.055], [], threads=1)
     with pytest.raises(ProofError, match="bandwidth samples"):
-        pass_entry(work, floor, [0.055, 0.06], [0.055, 0.06], [20.0], threads=1)
+        fl.pass_entry(work, floor, [0.055, 0.06], [0.055, 0.06], [20.0], threads=1)
 
 
 def test_speculative_statistics_line_parses():

@@ -19,12 +19,16 @@ picks), with N = 64 and 512 activation columns (compute bound; the faster of the
 
 `floor_seconds(work, measured)`: max(bytes / bandwidth, sum over matmuls of FLOPs / the rate
 measured for that matrix's shape); the attention's own FLOPs count at the best measured rate.
+
+`pass_entry(work, floor, seconds, ...)`: a pass's timed runs against that floor, best run and
+paired with the bandwidth read before each run.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +49,9 @@ GEMM_N = 512
 #: the compute floor's rate is the best of these column counts: a pass of 64 rows ran faster
 #: than the 512-column rate on this EPYC (Q8_0 injection of 64 rows at 0.68x of that floor)
 COMPUTE_NS = (64, GEMM_N)
+#: MiB of every bandwidth read (bandwidth.h): far above any CPU's last-level cache per core
+#: complex, and on this EPYC 512 MiB reads ran faster than 2 GiB ones (the floor takes the best)
+BW_MIB = 512
 #: bytes per weight as stored, per GGUF type of the measured products
 WEIGHT_BYTES = {"bf16": 2.0, "f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
 
@@ -211,7 +218,7 @@ class Measured:
         return max(g["gflops"] for key, g in self.gemm.items() if key[3] in COMPUTE_NS) * 1e9
 
 
-def measure(tree: Path, build: Path, out: Path, specs: list[str], threads: int, bw_mib: int = 2048,
+def measure(tree: Path, build: Path, out: Path, specs: list[str], threads: int, bw_mib: int = BW_MIB,
             repeats: int = 1, extra_bufts: bool = True, timeout: float = 1800) -> Measured:
     from llamacpp_mla_port.proof.run.processes import run_bounded
     from llamacpp_mla_port.proof.run.programs import compile_program
@@ -243,3 +250,25 @@ def floor_seconds(work: PassWork, m: Measured) -> dict:
     t_compute = sum(f / m.rate(ty, k, rows) for _, ty, k, rows, f in work.matmuls) + work.attention_flops / m.best_rate
     return {"memory_s": t_mem, "compute_s": t_compute, "floor_s": max(t_mem, t_compute),
             "bound": "memory" if t_mem >= t_compute else "compute"}
+
+
+def pass_entry(work: PassWork, floor: dict, seconds: list[float], cpu: list[float], bw_gbps: list[float],
+               threads: int) -> dict:
+    """A pass's timed runs against its floor. ratio_to_floor: the best run / the floor at the best
+    bandwidth of the run. ratio_paired_median: the median over runs of each run / the floor at
+    the bandwidth read just before it (the like-with-like figure on a machine whose bandwidth
+    moves); absent when no bandwidth was sampled."""
+    best = min(range(len(seconds)), key=lambda i: seconds[i])
+    e = {**work.as_dict(), **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in floor.items()},
+         "runs": len(seconds), "seconds": round(seconds[best], 6),
+         "seconds_median": round(statistics.median(seconds), 6),
+         "cpu_share": round(cpu[best] / (seconds[best] * threads), 3),
+         "ratio_to_floor": round(seconds[best] / floor["floor_s"], 3)}
+    if bw_gbps:
+        if len(bw_gbps) != len(seconds):
+            raise ProofError(f"{len(seconds)} timed runs but {len(bw_gbps)} bandwidth samples",
+                             hint="draft-bench samples the bandwidth before every timed pass: rebuild it")
+        paired = [s / max(work.bytes_total / (g * 1e9), floor["compute_s"]) for s, g in zip(seconds, bw_gbps)]
+        e["bandwidth_paired_gbps_median"] = round(statistics.median(bw_gbps), 2)
+        e["ratio_paired_median"] = round(statistics.median(paired), 3)
+    return e

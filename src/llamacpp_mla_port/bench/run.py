@@ -45,7 +45,6 @@ INJECT_SIZES = (1, 64, 512)
 BLOCK = 7
 BLOCK_CTX = 512
 PASS_MIN_SECONDS = 5     # each pass repeats until its timed runs add up to this (inject 1: ~200, block: ~6)
-PASS_BW_MIB = 512        # the read sampled before every timed pass: about a 1-row injection's bytes
 
 
 def _stage_line(name: str, st: dict) -> None:
@@ -154,7 +153,7 @@ class Bench:
                                   extra_bufts=False)
                 extra = False
             self.cmd(f"floors_{wt}", [self._program("ggml-floor"), "--threads", self.threads, "--out", out,
-                                      "--bw-mib", 2048, "--gemm", ",".join(wt_specs), "--repeats", self.repeats]
+                                      "--bw-mib", fl.BW_MIB, "--gemm", ",".join(wt_specs), "--repeats", self.repeats]
                      + ([] if extra else ["--no-extra-bufts"]))
             if m is None:
                 m = part
@@ -252,7 +251,7 @@ class Bench:
         from llamacpp_mla_port.bench import floors as fl
 
         timed = ["--inject", ",".join(map(str, INJECT_SIZES)), "--repeats", self.repeats, "--threads", self.threads,
-                 "--flash-attn", "on", "--min-seconds", PASS_MIN_SECONDS, "--bw-mib", PASS_BW_MIB]
+                 "--flash-attn", "on", "--min-seconds", PASS_MIN_SECONDS, "--bw-mib", fl.BW_MIB]
         runs: dict[str, dict] = {}
         for wt in ("bf16", "q8_0"):
             extra, note = True, None
@@ -270,7 +269,7 @@ class Bench:
                 run["fa-off"] = self._draft_bench(wt, "fa-off", ["--inject", "", "--repeats", self.repeats,
                                                                  "--threads", self.threads, "--flash-attn", "off",
                                                                  "--min-seconds", PASS_MIN_SECONDS,
-                                                                 "--bw-mib", PASS_BW_MIB], extra)
+                                                                 "--bw-mib", fl.BW_MIB], extra)
             run["profile"] = self._draft_bench(wt, "profile", ["--profile-only", "--profile-inject",
                                                                f"{INJECT_SIZES[0]},{INJECT_SIZES[-1]}",
                                                                "--threads", 1, "--flash-attn", "on"], extra)
@@ -304,7 +303,7 @@ class Bench:
                 rows.append(("block, flash attn off", bw, off["block_seconds"], off["block_cpu"],
                              off["block_bw_gbps"]))
             for name, work, secs, cpu, bws in rows:
-                entry[name] = pass_entry(work, fl.floor_seconds(work, m), secs, cpu, bws, self.threads)
+                entry[name] = fl.pass_entry(work, fl.floor_seconds(work, m), secs, cpu, bws, self.threads)
             prof = run["profile"]
             entry["profile"] = summarize_profile(prof["profile"], prof["profiled_block_seconds"])
             entry["profile_inject"] = {n: summarize_profile(p["nodes"], p["seconds"])
@@ -378,31 +377,6 @@ class Bench:
         ckpt = self.files.get("checkpoint")
         if ckpt and ckpt.exists() and not self.reuse:
             shutil.rmtree(ckpt)
-
-
-# ---------------------------------------------------------------------------------------
-# one pass against its floor
-
-def pass_entry(work, floor: dict, seconds: list[float], cpu: list[float], bw_gbps: list[float],
-               threads: int) -> dict:
-    """A pass's timed runs against its floor. ratio_to_floor: the best run / the floor at the best
-    bandwidth of the run. ratio_paired_median: the median over runs of each run / the floor at
-    the bandwidth read just before it (the like-with-like figure on a machine whose bandwidth
-    moves); absent when no bandwidth was sampled."""
-    best = min(range(len(seconds)), key=lambda i: seconds[i])
-    e = {**work.as_dict(), **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in floor.items()},
-         "runs": len(seconds), "seconds": round(seconds[best], 6),
-         "seconds_median": round(statistics.median(seconds), 6),
-         "cpu_share": round(cpu[best] / (seconds[best] * threads), 3),
-         "ratio_to_floor": round(seconds[best] / floor["floor_s"], 3)}
-    if bw_gbps:
-        if len(bw_gbps) != len(seconds):
-            raise ProofError(f"{len(seconds)} timed runs but {len(bw_gbps)} bandwidth samples",
-                             hint="draft-bench samples the bandwidth before every timed pass: rebuild it")
-        paired = [s / max(work.bytes_total / (g * 1e9), floor["compute_s"]) for s, g in zip(seconds, bw_gbps)]
-        e["bandwidth_paired_gbps_median"] = round(statistics.median(bw_gbps), 2)
-        e["ratio_paired_median"] = round(statistics.median(paired), 3)
-    return e
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llamacpp_mla_port.bench import floors as fl
+
 #: name -> (K, M): the draft's largest weight shapes (K kept; M of lm_head cut to 16384)
 SHAPES = {"lm_head": (7168, 16384), "ffn_down": (14336, 7168)}
 TYPES = ("bf16", "q8_0")
@@ -26,12 +28,10 @@ N_COMPUTE = (32, 64, 512)
 
 
 def run_sweep(tree: Path, build: Path, out: Path, threads: int, repeats: int = 3, shapes: dict | None = None,
-              n_values=N_VALUES, bw_mib: int = 2048, baseline: Path | None = None, rounds: int = 3) -> dict:
+              n_values=N_VALUES, bw_mib: int = fl.BW_MIB, baseline: Path | None = None, rounds: int = 3) -> dict:
     """Seconds, GB/s, GFLOP/s and the ratio to the floor per (type, shape, N). With `baseline`
     (a build of the same tree without the commit under test), before and after alternate over
     `rounds` rounds and each figure is the best over them: a busy machine slows both alike."""
-    from llamacpp_mla_port.bench import floors as fl
-
     shapes = shapes or SHAPES
     specs = [f"{t}:{k}:{m}:{n}" for t in TYPES for (k, m) in shapes.values() for n in sorted({*n_values, *N_COMPUTE})]
     sides = {"after": Path(build)} | ({"before": Path(baseline)} if baseline else {})
