@@ -8,7 +8,8 @@ Stages (each timed; a failing stage is recorded and the others still run):
   kv         llama.cpp's own draft KV bytes per token (F32, F16, q8_0 cache) and the draft
              logits' NMSE of the F16 and q8_0 caches against the F32 cache (draft-logits)
   passes     draft-bench: injection of N = 1, 64, 512 rows and one 7-token block over 512
-             cached rows, BF16 and Q8_0 pairs, with a per-op profile of the BF16 block
+             cached rows, BF16 and Q8_0 pairs, each run after a bandwidth read (the paired
+             ratio), with per-op profiles of the block and the 1- and 512-row injections
   torch      the same block through bench.torch_draft (BF16, same threads, same inputs),
              and its logits against llama.cpp's
   sweep      ggml-cpu's MUL_MAT over N = 1-8, 12, 16, 17, 32, 64 at the draft's largest
