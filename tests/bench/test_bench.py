@@ -163,17 +163,21 @@ def test_n_sweep_measures_each_product_against_its_floor(patched_tree, llama_bui
     assert sweep.plot(sw2, tmp_path / "p2.png").stat().st_size > 1000
 
 
-@pytest.mark.build
-def test_draft_bench_times_both_passes_and_profiles(patched_tree, llama_build, tiny_pair, tmp_path):
+def _draft_bench(tree, build, pair, out, *args, timeout: float = 300):
+    """draft-bench on the tiny pair, writing OUT: the finished process."""
     from llamacpp_mla_port.proof.run.processes import run_bounded
     from llamacpp_mla_port.proof.run.programs import compile_program
 
-    _, _, draft, target = tiny_pair
-    exe = compile_program("draft-bench", patched_tree, llama_build)
+    _, _, draft, target = pair
+    exe = compile_program("draft-bench", tree, build)
+    return run_bounded([exe, "--draft", draft, "--target", target, "--out", out, *args], timeout)
+
+
+@pytest.mark.build
+def test_draft_bench_times_both_passes_and_profiles(patched_tree, llama_build, tiny_pair, tmp_path):
     out = tmp_path / "b.json"
-    proc = run_bounded([exe, "--draft", draft, "--target", target, "--out", out, "--inject", "1,16",
-                        "--block-ctx", 16, "--repeats", 2, "--threads", 1, "--profile", "--profile-inject", "1,16",
-                        "--bw-mib", 8], 300)
+    proc = _draft_bench(patched_tree, llama_build, tiny_pair, out, "--inject", "1,16", "--block-ctx", 16,
+                        "--repeats", 2, "--threads", 1, "--profile", "--profile-inject", "1,16", "--bw-mib", 8)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     assert len(res["block_seconds"]) == 2 and all(s > 0 for s in res["block_seconds"])
@@ -197,22 +201,17 @@ def test_draft_bench_times_both_passes_and_profiles(patched_tree, llama_build, t
 
 @pytest.mark.build
 def test_draft_bench_repeats_a_pass_until_min_seconds(patched_tree, llama_build, tiny_pair, tmp_path):
-    from llamacpp_mla_port.proof.run.processes import run_bounded
-    from llamacpp_mla_port.proof.run.programs import compile_program
-
-    _, _, draft, target = tiny_pair
-    exe = compile_program("draft-bench", patched_tree, llama_build)
     out = tmp_path / "b.json"
     # --min-seconds 0.3 on a tiny pass: more runs than --repeats, until they add up to 0.3 s
-    proc = run_bounded([exe, "--draft", draft, "--target", target, "--out", out, "--inject", "1",
-                        "--block-ctx", 4, "--repeats", 2, "--threads", 1, "--min-seconds", 0.3], 300)
+    proc = _draft_bench(patched_tree, llama_build, tiny_pair, out, "--inject", "1", "--block-ctx", 4,
+                        "--repeats", 2, "--threads", 1, "--min-seconds", 0.3)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     for runs in (res["inject"]["1"], res["block_seconds"]):
         assert len(runs) > 2 and (sum(runs) >= 0.3 or len(runs) == 200)
         assert sum(runs[:-1]) < 0.3      # and no run past the first that reached it
     assert res["block_bw_gbps"] == [] and res["bw_bytes"] == 0     # no --bw-mib: no reads
-    bad = run_bounded([exe, "--draft", draft, "--target", target, "--out", out, "--min-seconds", -1], 60)
+    bad = _draft_bench(patched_tree, llama_build, tiny_pair, out, "--min-seconds", -1, timeout=60)
     assert bad.returncode != 0 and "--min-seconds" in bad.stderr
 
 

@@ -237,13 +237,14 @@ int main(int argc, char ** argv) {
     }
     std::vector<double> bw, bw_cpu, bw1;
     bandwidth(*reader, threads, passes, bw, &bw_cpu);
-    bandwidth(*reader, 1, threads > 1 ? std::max(2, passes / 2) : 0, bw1, nullptr);
-    if (threads == 1) {
+    if (threads > 1) {
+        bandwidth(*reader, 1, std::max(2, passes / 2), bw1, nullptr);
+    } else {
         bw1 = bw;
     }
     std::vector<gemm_result> gemms;
     for (const auto & g : parse_gemm(gemm)) {
-        // one more read after each product: the machine's bandwidth moves, and the floor takes the best
+        // one more read before each product: the machine's bandwidth moves, and the floor takes the best
         bandwidth(*reader, threads, 1, bw, &bw_cpu);
         gemms.push_back(run_gemm(backend, dev, g, repeats, extra_bufts));
         const auto & r = gemms.back();
