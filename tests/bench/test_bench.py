@@ -202,14 +202,17 @@ def test_draft_bench_times_both_passes_and_profiles(patched_tree, llama_build, t
 @pytest.mark.build
 def test_draft_bench_repeats_a_pass_until_min_seconds(patched_tree, llama_build, tiny_pair, tmp_path):
     out = tmp_path / "b.json"
-    # --min-seconds 0.3 on a tiny pass: more runs than --repeats, until they add up to 0.3 s
+    # --min-seconds S on tiny passes: more runs than --repeats, until they add up to S (or 200 runs).
+    # Here 2 block runs took <= 1.2 ms and 199 took 80-120 ms: S = 20 ms stops the block by S, so
+    # a loop that ignored S (always 200 runs) fails the second assertion
+    s = 0.02
     proc = _draft_bench(patched_tree, llama_build, tiny_pair, out, "--inject", "1", "--block-ctx", 4,
-                        "--repeats", 2, "--threads", 1, "--min-seconds", 0.3)
+                        "--repeats", 2, "--threads", 1, "--min-seconds", s)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     for runs in (res["inject"]["1"], res["block_seconds"]):
-        assert len(runs) > 2 and (sum(runs) >= 0.3 or len(runs) == 200)
-        assert sum(runs[:-1]) < 0.3      # and no run past the first that reached it
+        assert len(runs) > 2 and (sum(runs) >= s or len(runs) == 200)
+        assert sum(runs[:-1]) < s      # and no run past the first that reached it
     assert res["block_bw_gbps"] == [] and res["bw_bytes"] == 0     # no --bw-mib: no reads
     bad = _draft_bench(patched_tree, llama_build, tiny_pair, out, "--min-seconds", -1, timeout=60)
     assert bad.returncode != 0 and "--min-seconds" in bad.stderr
