@@ -41,6 +41,8 @@ TARGET_SETS: dict[str, tuple[str, ...]] = {
     # the bench: the proof's targets and the quantizer of the real-size draft
     "bench": ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs",
               "llama-quantize"),
+    # upstream's op tests: flash attention against ggml-cpu's reference path (tests/proof)
+    "backend-ops": ("test-backend-ops",),
     # what every commit of the upstream series must build (`pr`)
     "pr": ("test-llama-archs", "llama-speculative-simple", "llama-server"),
 }

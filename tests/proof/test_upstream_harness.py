@@ -2,7 +2,7 @@
 draft paired with a qwen3 target and an MLA draft paired with a kimi-k3 target, and checks that
 a draft tapping a missing target layer, or with an odd rope width, is refused.
 test-rpc-multi-server.sh kills a server under a client, whose next graph_compute must fail
-with a line naming it.
+with a line naming it. test-backend-ops checks flash attention over heads that share a K/V head.
 
 The slow cases are the regression evidence of the two fixes: each PR's test commit alone on
 the pin (without its fix), built with warnings as errors, must fail.
@@ -55,6 +55,28 @@ def test_dflash_drafts_run_paired_with_their_targets(llama_build, seed):
     for case, rest in rows.items():
         assert rest.strip().startswith("OK"), (case, rest)
     assert "Summary: all 2 test(s) passed" in text, text[-2000:]
+
+
+#: test-backend-ops' flash attention cases with 8 or more query heads per K/V head (its GQA
+#: cases and the FA commit's MLA-block ones): where the tiled path's Q tiles span heads
+FA_SHARED_KV_CASES = r"nr23=\[(8|12|20|64),"
+
+
+@pytest.mark.build
+def test_flash_attention_over_shared_kv_heads_in_test_backend_ops(patched_tree, llama_build):
+    """test-backend-ops checks ggml-cpu's flash attention against its one-row reference path
+    (use_ref) on the cases whose query heads share a K/V head: since `ggml-cpu : tile flash
+    attention over heads that share a K/V head` a Q tile spans those heads (a 7-token block of
+    64 heads over one latent head among them)."""
+    build_mod.ensure_build(patched_tree, llama_build, build_mod.TARGET_SETS["backend-ops"])
+    proc = subprocess.run([str(llama_build / "bin" / "test-backend-ops"), "-o", "FLASH_ATTN_EXT", "-b", "CPU",
+                           "-p", FA_SHARED_KV_CASES], capture_output=True, text=True, timeout=900)
+    out = ANSI.sub("", proc.stdout + proc.stderr)
+    assert proc.returncode == 0, out[-3000:]
+    passed = re.search(r"(\d+)/(\d+) tests passed", out)
+    assert passed and passed[1] == passed[2] and int(passed[2]) > 0, out[-3000:]
+    block = re.search(r"hsk=576,hsv=512,nh=1,nr23=\[64,1\],kv=512,nb=7,.*: OK", out)
+    assert block, "the 7-token MLA block case did not run: " + out[-3000:]
 
 
 def _tree_with(commit_slugs: tuple[str, ...], pin, sdist_tarball, dest: Path) -> Path:
