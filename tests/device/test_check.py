@@ -113,6 +113,47 @@ def test_parser_on_a_log_the_cpu_build_wrote():
     assert any(splits.cpu_fallbacks(g) for g in graphs)
 
 
+def test_v_b_form_ops_name_the_product_not_its_copies():
+    """The series' form (deepseek2's): fattn_mla-IL is the MUL_MAT; the permute + CONT after it
+    carry the name with suffixes, which the C format cuts to 20 characters."""
+    lines = [_split(0, "CPU"),
+             _node(0, "GET_ROWS", "inp_noise_embd", "CPU", [("token_embd.weight", "CPU")]),
+             _node(1, "MUL_MAT", "fattn_mla-0", "CPU", [("blk.0.attn_v_b.weight", "CPU"), ("__fattn__-0", "CPU")]),
+             _node(2, "CONT", "fattn_mla-0 (permuted) (cont)", "CPU", [("fattn_mla-0 (permuted)", "CPU")]),
+             _node(3, "MUL_MAT", "attn_out_v_b-12", "CPU", [("blk.12.attn_v_b.weight", "CPU")])]
+    text = "\n".join(lines) + "\n"
+    assert check.v_b_form_ops(text, "permuted") == ["MUL_MAT"]
+    assert check.v_b_form_ops(text, "broadcast") == ["MUL_MAT"]
+    # control: the old prefix match took the CONT as part of the product, and the check must refuse that
+    graphs = splits.draft_graphs(splits.parse_sched_log(text))
+    assert sorted({n.op for g in graphs for n in g.nodes if n.name.startswith("fattn_mla-")}) == ["CONT", "MUL_MAT"]
+    with pytest.raises(DeviceCheckError, match="permuted v_b form did not build as meant"):
+        check.check_v_b_form("permuted", ["CONT", "MUL_MAT"])
+    with pytest.raises(DeviceCheckError, match="broadcast v_b form"):
+        check.check_v_b_form("broadcast", [])
+
+
+@pytest.mark.build
+def test_realsize_form_check_on_the_reduced_config(patched_tree, llama_build, tmp_path):
+    """The realsize stage's v_b form check (Check.probe_form + check_v_b_form) on the dry run's
+    reduced config, with the series' graph as built: v_b's product is one MUL_MAT node."""
+    from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
+
+    work = tmp_path / "work"
+    work.mkdir()
+    # the stage's own layout: WORK/llama.cpp and WORK/build
+    (work / "llama.cpp").symlink_to(Path(patched_tree).resolve())
+    (work / "build").symlink_to(Path(llama_build).resolve())
+    tiny = write_kimi_k3_target(llama_build, tmp_path / "kimi-k3-target.gguf")
+    models = check.write_realsize_models(tiny, tmp_path / "realsize-reduced", reduced=True)
+    run = check.Check(tmp_path / "bundle", tmp_path / "out", work, dry_run=True, budget_s=None,
+                      stages=("realsize",), log=lambda m: None)
+    fallback, ops = run.probe_form(models, "permuted")
+    assert fallback["n_draft_graphs"] > 0, fallback
+    check.check_v_b_form("permuted", ops)
+    assert ops == ["MUL_MAT"]
+
+
 # ---------------------------------------------------------------------------------------
 # bounds on another backend
 

@@ -28,8 +28,25 @@ from llamacpp_mla_port.errors import DeviceCheckError, PortError
 
 #: the real config's DeepSeek-YaRN factor (fixtures.checkpoint.K3_DSPARK_REAL_CONFIG)
 REAL_YARN_FACTOR = 32.0
-#: the node holding v_b's product in each form (build_attn names it fattn_mla with flash attention on)
-V_B_NODE = {"permuted": "fattn_mla-", "broadcast": "attn_out_v_b-"}
+#: the callback name of v_b's product in each form: build_attn's fattn_mla-IL with flash
+#: attention on (the series, deepseek2's form), the overlay's attn_out_v_b-IL
+V_B_NODE = {"permuted": "fattn_mla", "broadcast": "attn_out_v_b"}
+
+
+def v_b_form_ops(sched_log: str, form: str) -> list[str]:
+    """The ops of v_b's product node in the draft graphs of one scheduler log (GGML_SCHED_DEBUG=2)."""
+    from llamacpp_mla_port.proof.splits import draft_graphs, node_ops, parse_sched_log
+
+    return node_ops(draft_graphs(parse_sched_log(sched_log)), V_B_NODE[form])
+
+
+def check_v_b_form(form: str, ops: list[str]) -> None:
+    """v_b's product must be one MUL_MAT node in each form, or the timing compares the wrong graphs."""
+    if ops != ["MUL_MAT"]:
+        raise DeviceCheckError(f"the {form} v_b form did not build as meant: the ops of its {V_B_NODE[form]}-IL "
+                               f"nodes are {ops}, one MUL_MAT expected",
+                               hint="the draft graph (src/models/dflash.cpp) or the overlay moved: "
+                                    "update device.check.V_B_NODE and device.bundle's overlay")
 
 
 def realsize_config(reduced: bool) -> dict:
@@ -339,9 +356,10 @@ class Check:
         rs["block_work"] = work.as_dict()
         rs["hbm_floor_s" if self.cuda else "memory_floor_s"] = work.bytes_total / (rs["bandwidth"]["gbps"] * 1e9)
         # where the real-size graph runs (one extra run with the scheduler's report)
-        rs["fallback"], ops = self._probe(models, "permuted")
+        rs["fallback"], ops = self.probe_form(models, "permuted")
         ok = self._fallback_verdict({"realsize-fa-on-f16": rs["fallback"]})
         rs["v_b_ops"] = {"permuted": ops}
+        check_v_b_form("permuted", ops)
         rs["forms"]["permuted"] = self._time_form(models, "permuted")
         self.save()
         # the 4-D broadcast form: rebuild libllama with the overlay, prove it, time it, restore
@@ -351,10 +369,8 @@ class Check:
             shutil.copyfile(self.bundle / "overlay" / "broadcast" / DFLASH_SOURCE, self.tree / DFLASH_SOURCE)
             self._rebuild_llama()
             # the graph must show the other form: v_b's product is the overlay's own node
-            _, rs["v_b_ops"]["broadcast"] = self._probe(models, "broadcast")
-            if rs["v_b_ops"]["permuted"] != ["MUL_MAT"] or rs["v_b_ops"]["broadcast"] != ["MUL_MAT"]:
-                raise DeviceCheckError(f"the v_b forms did not build as meant: v_b ops {rs['v_b_ops']} "
-                                       "(permuted: fattn_mla MUL_MAT, broadcast: attn_out_v_b MUL_MAT expected)")
+            _, rs["v_b_ops"]["broadcast"] = self.probe_form(models, "broadcast")
+            check_v_b_form("broadcast", rs["v_b_ops"]["broadcast"])
             rs["broadcast_parity_f32"] = self._overlay_parity()
             rs["forms"]["broadcast"] = self._time_form(models, "broadcast")
         finally:
@@ -365,14 +381,14 @@ class Check:
         rs["faster_form"] = "broadcast" if b < p else "permuted"
         return ok and rs["broadcast_parity_f32"]["ok"]
 
-    def _probe(self, models: dict, form: str) -> tuple[dict, list[str]]:
+    def probe_form(self, models: dict, form: str) -> tuple[dict, list[str]]:
         """One untimed draft-bench run with the scheduler's report: the draft graphs' splits
         and the ops of the v_b product (fattn_mla-N in the series, attn_out_v_b-N in the overlay)."""
-        from llamacpp_mla_port.proof.splits import draft_graphs, fallback_report, node_ops, parse_sched_log
+        from llamacpp_mla_port.proof.splits import fallback_report
 
         probe = self._bench(models, f"probe-{form}", repeats=1, env={"GGML_SCHED_DEBUG": "2"})
         text = Path(str(probe["json"]) + ".log").read_text(errors="replace")
-        return fallback_report(text), node_ops(draft_graphs(parse_sched_log(text)), V_B_NODE[form])
+        return fallback_report(text), v_b_form_ops(text, form)
 
     def _rebuild_llama(self) -> None:
         from llamacpp_mla_port.build import ensure_build

@@ -119,9 +119,11 @@ def cpu_fallbacks(graph: SchedGraph) -> list[SchedNode]:
     return [n for n in graph.nodes if n.backend in HOST_BACKENDS and not is_host_weight_lookup(n)]
 
 
-def node_ops(graphs: list[SchedGraph], name_prefix: str) -> list[str]:
-    """The ops of every listed node whose name starts with name_prefix (sorted, distinct)."""
-    return sorted({n.op for g in graphs for n in g.nodes if n.name.startswith(name_prefix)})
+def node_ops(graphs: list[SchedGraph], cb_name: str) -> list[str]:
+    """The ops of the nodes a graph callback named `cb_name` (cb_name-IL, one per layer; sorted,
+    distinct). Views and copies of such a node ("fattn_mla-0 (permuted) (cont)") are not it."""
+    own = re.compile(re.escape(cb_name) + r"-\d+")
+    return sorted({n.op for g in graphs for n in g.nodes if own.fullmatch(n.name)})
 
 
 def fallback_report(text: str) -> dict:
