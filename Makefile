@@ -35,6 +35,7 @@ DRY_RUN ?=
 .PHONY: help venv patch check build smoke parity test test-slow pr canary bench bench-rpc device-check clean-work clean
 
 help:
+	@echo "make venv        the project-local .venv/ alone (the targets that run the tool make it first)"
 	@echo "make patch       pinned llama.cpp + the series applied in ./work/llama.cpp; patches/ exported"
 	@echo "make build       CMake build of the patched tree in ./work/build, with the RPC backend (the one build the tests reuse)"
 	@echo "make check       fail when patches/ drift from a fresh render of templates/"
@@ -48,6 +49,7 @@ help:
 	@echo "make bench-rpc   local vs RPC (two loopback ggml-rpc-servers) timings, side by side"
 	@echo "make device-check  the GPU check: offline bundle for a device machine (DRY_RUN=1: run it here, CUDA off)"
 	@echo "make clean-work  delete the tool-owned work dirs ./work and ./work-canary"
+	@echo "make clean       clean-work, and delete .venv/ and the pytest and hypothesis caches"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -35,12 +35,12 @@ def test_placement_args():
         draft_args("none", 2)
 
 
-def test_readme_figures_are_the_computed_ones():
+def test_docs_rpc_figures_are_the_computed_ones():
     from pathlib import Path
 
     from llamacpp_mla_port.proof.rpc import draft_cache_bytes_per_token, figures_markdown
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert figures_markdown() in readme, "README's RPC figures are stale: paste `python -m llamacpp_mla_port.proof.rpc`"
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "rpc.md").read_text()
+    assert figures_markdown() in doc, "docs/rpc.md's RPC figures are stale: paste `python -m llamacpp_mla_port.proof.rpc`"
     # the arithmetic the table rests on: 5 layers x 576 values, K only
     assert draft_cache_bytes_per_token("f16") == 5 * 576 * 2 == 5760
     assert draft_cache_bytes_per_token("q8_0") == 5 * 18 * 34 == 3060

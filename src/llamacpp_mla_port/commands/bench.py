@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline_build is not None and not (args.baseline_build / "bin").is_dir():
         raise PortError(f"--baseline-build {args.baseline_build}: not a build dir (no bin/)",
                         hint="build the tree without the commit first, e.g. `llamacpp-mla-port build --tree "
-                             "DIR --build-dir DIR-build` (README, Benchmark)")
+                             "DIR --build-dir DIR-build` (docs/bench.md)")
     report = run_bench(tree, build, out, threads=args.threads, repeats=args.repeats,
                        reuse_models=args.reuse_models, stages=stages, baseline=args.baseline_build)
     seconds = report["last_partial_run_seconds"] if stages else report["total_seconds"]

@@ -1,5 +1,5 @@
 """`device-check`: the GPU check, prepared here and run on a device machine (the work is
-device/; README "GPU check").
+device/; docs/device-check.md).
 
     llamacpp-mla-port device-check [--dry-run] [--tree DIR --build DIR]
         make work/device-bundle/ (pruned patched tree, wheels, fixtures, driver) and print the
@@ -22,6 +22,8 @@ from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args
 
 
 def configure(parser) -> None:
+    from llamacpp_mla_port.device.bundle import STAGES
+
     parser.add_argument("--dry-run", action="store_true",
                         help="after preparing, run the bundle here with CUDA off (work/device-check/)")
     add_tree_args(parser, build_help="its CPU build, for the fixtures (default: the work build, or $MLA_PORT_BUILD)")
@@ -33,7 +35,7 @@ def configure(parser) -> None:
     add_scratch_arg(g, "scratch folder (tree, build, models)")
     g.add_argument("--budget", type=float, default=None,
                    help="seconds for the whole run (default: 540 on the device, none in a dry run)")
-    g.add_argument("--stages", default=None, help="comma-separated subset of build,fallback,parity,lossless,realsize")
+    g.add_argument("--stages", default=None, help="comma-separated subset of " + ",".join(STAGES))
 
 
 def _log(msg: str) -> None:

@@ -18,7 +18,7 @@ def control_limit(row: dict) -> float:
 def judge_mode(row: dict, backend: str, figure: float | None = None) -> dict:
     """Judge one mode's worst figure (or `figure`, e.g. a control's, which must fail).
 
-    CPU: the README's bound. Another backend: the same bound where the figure meets it
+    CPU: the bound in docs/bounds.md. Another backend: the same bound where the figure meets it
     (like with like: that backend rounds as the CPU emulation does, within the CPU's own
     headroom); otherwise the bound is the control limit (measured in the same run), and the
     figure passes only under it: the controls are then still caught. `suggested_bound` is

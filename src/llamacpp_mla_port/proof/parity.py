@@ -82,7 +82,7 @@ class Mode:
         return None
 
 
-#: Bounds: each >= 10x the worst value measured on every build of the README's threshold
+#: Bounds: each >= 10x the worst value measured on every build of docs/bounds.md's parity
 #: table (native, portable, SSE4.2-only) and >= 100x below the gross controls in every case;
 #: cost bounds >= 10x the worst cost measured (module doc).
 MODES: tuple[Mode, ...] = (
@@ -410,7 +410,7 @@ def run_parity(tree: Path, build: Path, work: Path, target_for: TargetFactory, h
 
 def mode_table(report: dict, modes=MODES) -> dict:
     """Per mode over every shape: the bound, the worst figures, the headroom, the controls
-    (the README's threshold table, for the build that ran)."""
+    (docs/bounds.md's parity table, for the build that ran)."""
     table = {}
     for mode in modes:
         ran = [cfg["modes"][mode.name] for cfg in report["configs"].values()
@@ -453,7 +453,7 @@ def run_matrix(tree: Path, build: Path, work: Path, threads: int = 2, log=print)
 
 
 def format_mode_table(table: dict) -> str:
-    """The mode table as text: one row per mode (the README's threshold table columns)."""
+    """The mode table as text: one row per mode (docs/bounds.md's parity table columns)."""
     head = (f"{'mode':<11} {'compared':<10} {'bound':>7} {'worst':>9} {'headroom':>9} {'end-to-end':>10} "
             f"{'vs f64':>9} {'cost bnd':>8} {'nearest gross control':>28} {'1% scale':>9} caught  pass")
     lines = [head, "-" * len(head)]

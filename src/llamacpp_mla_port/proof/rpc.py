@@ -66,7 +66,7 @@ def placement(log: str) -> dict[str, dict[str, int]]:
 
 
 # ---------------------------------------------------------------------------------------
-# the real pair across hosts: memory and network figures, computed (README's table)
+# the real pair across hosts: memory and network figures, computed (docs/rpc.md)
 
 K3_PARAMS = 2.8e12              # Kimi-K3, all parameters
 K3_EMBD = contract.K3_N_EMBD
@@ -93,7 +93,7 @@ def draft_cache_bytes_per_token(cache_type: str) -> int:
 
 
 def figures_markdown() -> str:
-    """README's figures, computed here (python -m llamacpp_mla_port.proof.rpc prints them)."""
+    """docs/rpc.md's figures, computed here (python -m llamacpp_mla_port.proof.rpc prints them)."""
     gb = 1e9
     lines = ["| target weights | bits/weight | all hosts | " + " | ".join(f"per host, {n} hosts" for n in HOSTS) + " |",
              "|---|---|---|" + "---|" * len(HOSTS)]
