@@ -163,7 +163,7 @@ def _row(threshold, worst, gross, subtle, cost_bound=None, vs64=0.0):
             "compared": "staged", "worst_nmse_end_to_end": worst}
 
 
-# the README's threshold table (f16-cache, bf16): bound, worst CPU figure, nearest gross control, 1 % control
+# docs/bounds.md's parity table (f16-cache, bf16): bound, worst CPU figure, nearest gross control, 1 % control
 F16 = dict(threshold=1e-6, worst=3.8e-9, gross=2.4e-2, subtle=4.2e-5, cost_bound=2e-5, vs64=1.1e-6)
 BF16 = dict(threshold=1e-5, worst=2.9e-7, gross=2.4e-2, subtle=4.9e-5, cost_bound=2e-3, vs64=1.1e-4)
 

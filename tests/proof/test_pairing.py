@@ -78,6 +78,17 @@ def test_a_fitting_draft_runs(llama_build, models):
     assert WHY not in proc.stderr
 
 
+def test_a_one_token_prompt_runs(llama_build, models):
+    """A one-token prompt ("the": the test tokenizer cuts 5 characters a token, no BOS) leaves an
+    empty first batch; that is not a failed decode, and generation goes on as on the base."""
+    proc = run_bounded([llama_build / "bin" / "llama-speculative-simple", "-m", models["target"],
+                        "-md", models["drafts"]["fits"], "--spec-type", "draft-dspark", "-p", "the", "-n", "8",
+                        "--temp", "0", "-c", "256", "-t", "1"], 120, env={"GGML_NO_BACKTRACE": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "failed to decode the prompt" not in proc.stderr and "n_tokens == 0" not in proc.stderr, proc.stderr[-3000:]
+    assert "n_predict = " in proc.stderr, proc.stderr[-3000:]       # the run reached its summary
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_speculative_simple_refuses_with_the_reason(llama_build, models, case):
     proc = speculative_simple(llama_build, models["target"], models["drafts"][case])

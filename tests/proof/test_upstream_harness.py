@@ -1,6 +1,7 @@
 """The series' tests in upstream's own harness. test-llama-archs runs a Qwen3-style DFlash
 draft paired with a qwen3 target and an MLA draft paired with a kimi-k3 target, and checks that
-a draft tapping a missing target layer, or with an odd rope width, is refused.
+a draft tapping a missing target layer, or with an odd rope width, is refused; it runs EAGLE3
+drafts of several layouts paired with their targets, as the base runs them.
 test-rpc-multi-server.sh kills a server under a client, whose next graph_compute must fail
 with a line naming it. test-backend-ops checks flash attention over heads that share a K/V head.
 
@@ -33,15 +34,16 @@ ROW = re.compile(r"^\|\s*dflash\|\s*(?P<dev>[^|]+)\|\s*(?P<case>[^|]+)\|(?P<rest
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _run_archs(build_dir: Path, seed: int) -> tuple[int, str]:
+def _run_archs(build_dir: Path, seed: int, arch: str = "dflash") -> tuple[int, str]:
     """rc and the table (stdout; the log goes to stderr, from another thread), then the log."""
-    out = subprocess.run([str(build_dir / "bin" / "test-llama-archs"), "-a", "dflash", "-s", str(seed)],
+    out = subprocess.run([str(build_dir / "bin" / "test-llama-archs"), "-a", arch, "-s", str(seed)],
                          capture_output=True, text=True, timeout=300)
     return out.returncode, ANSI.sub("", out.stdout) + "\n--- log ---\n" + ANSI.sub("", out.stderr)
 
 
-def _cpu_rows(text: str) -> dict[str, str]:
-    return {m["case"].strip(): m["rest"] for m in ROW.finditer(text) if m["dev"].strip() != "Meta"}
+def _cpu_rows(text: str, arch: str = "dflash") -> dict[str, str]:
+    row = ROW if arch == "dflash" else re.compile(ROW.pattern.replace("dflash", re.escape(arch)), re.M)
+    return {m["case"].strip(): m["rest"] for m in row.finditer(text) if m["dev"].strip() != "Meta"}
 
 
 @pytest.mark.build
@@ -55,6 +57,25 @@ def test_dflash_drafts_run_paired_with_their_targets(llama_build, seed):
     for case, rest in rows.items():
         assert rest.strip().startswith("OK"), (case, rest)
     assert "Summary: all 2 test(s) passed" in text, text[-2000:]
+
+
+#: the EAGLE3 layouts of the pair-check PR's test case: each runs as on the base, the last is refused
+EAGLE3_LAYOUTS = {"target width", "own width", "mask token", "d2t", "last-layer tap", "hidden size wrong"}
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("seed", [1, 2])
+def test_eagle3_drafts_run_paired_with_their_targets(llama_build, seed):
+    """EAGLE3 drafts of the target's width and of their own, with and without a mask token and a
+    d2t vocabulary, with a tap at the target's output: the pair check leaves them running (it
+    refused 4 of these 5 when it judged every draft by the DFlash rules)."""
+    rc, text = _run_archs(llama_build, seed, "eagle3")
+    assert rc == 0, text[-3000:]
+    rows = _cpu_rows(text, "eagle3")
+    assert set(rows) == EAGLE3_LAYOUTS, text[-3000:]
+    for case, rest in rows.items():
+        assert rest.strip().startswith("OK"), (case, rest)
+    assert f"Summary: all {len(EAGLE3_LAYOUTS)} test(s) passed" in text, text[-2000:]
 
 
 #: test-backend-ops' flash attention cases with 8 or more query heads per K/V head (its GQA
