@@ -21,6 +21,7 @@ STAMP  := $(VENV)/.installed
 # Places left unset here are the tool's to decide (project.Places: flag > env > the checkout).
 #   BENCH_ARGS="--threads 4 --stages models,floors,passes"
 #   DRY_RUN=1      make device-check: run the GPU check's bundle here with CUDA off
+#   HARNESS_ARGS="--stack cpu-fa-kv-head-tiles --isa native,avx2"   (make harness-diff)
 PATCH_ARGS ?=
 BUILD_ARGS ?=
 RPC ?=
@@ -31,8 +32,9 @@ CANARY_ARGS ?=
 PARITY_BUILD ?=
 BENCH_ARGS ?=
 DRY_RUN ?=
+HARNESS_ARGS ?=
 
-.PHONY: help venv patch check build smoke parity test test-slow pr canary bench bench-rpc device-check clean-work clean
+.PHONY: help venv patch check build smoke parity test test-slow pr canary bench bench-rpc device-check harness-diff clean-work clean
 
 help:
 	@echo "make venv        the project-local .venv/ alone (the targets that run the tool make it first)"
@@ -48,6 +50,7 @@ help:
 	@echo "make bench       real-size draft vs measured floors, PyTorch, KV, tool timings: work/bench/report.md"
 	@echo "make bench-rpc   local vs RPC (two loopback ggml-rpc-servers) timings, side by side"
 	@echo "make device-check  the GPU check: offline bundle for a device machine (DRY_RUN=1: run it here, CUDA off)"
+	@echo "make harness-diff  upstream's tests (test-llama-archs, test-backend-ops) on the base and patched, same flags"
 	@echo "make clean-work  delete the tool-owned work dirs ./work and ./work-canary"
 	@echo "make clean       clean-work, and delete .venv/ and the pytest and hypothesis caches"
 
@@ -94,6 +97,9 @@ bench-rpc: patch
 
 device-check: build
 	$(TOOL) device-check $(if $(filter 1,$(DRY_RUN)),--dry-run)
+
+harness-diff: patch
+	$(TOOL) harness-diff $(HARNESS_ARGS)
 
 clean-work:
 	rm -rf work work-canary

@@ -33,6 +33,7 @@ VERB_FLAGS: dict[str, set[str]] = {
     "device-check": {"--work-dir", "--tree", "--build-dir"},
     "pr": {"--work-dir"},            # its --build-dir is the per-commit builds' own dir
     "rebase": {"--work-dir"},
+    "harness-diff": {"--work-dir"},
 }
 #: verbs with a scratch folder of their own: --scratch-dir, once spelled --work
 SCRATCH = {"smoke", "parity", "device-check"}

@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "device-check": "the pair on a GPU: the offline bundle for a device machine (--dry-run: run it here, CUDA off)",
     "pr": "check each commit builds and lints, run the proof, write an evidence folder",
     "rebase": "re-render the series against a newer upstream and move the pin forward",
+    "harness-diff": "upstream's own tests on the base and patched, same flags: no case that passes on the base fails",
 }
 
 

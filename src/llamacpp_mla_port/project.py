@@ -197,6 +197,11 @@ class Places:
         return self.work_dir / "bench-rpc"
 
     @property
+    def harness_diff_dir(self) -> Path:
+        """The base-against-patched runs of upstream's tests: base/, one folder per stack, reports."""
+        return self.work_dir / "harness-diff"
+
+    @property
     def device_bundle(self) -> Path:
         """<root>/work/device-bundle: under the checkout whatever the work dir, because the
         device call carries checkout-relative paths (device/bundle.DEVICE_CALL)."""

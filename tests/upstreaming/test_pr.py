@@ -332,3 +332,15 @@ def test_evidence_says_the_server_tests_did_not_run_when_the_stack_triggers_them
     assert note and "Not run here" in note and "2 files" in note and "common/arg.cpp" in note
     assert server_tests_note(["docs/speculative.md", "gguf-py/gguf/constants.py"]) is None     # the control
     assert server_tests_note(["tools/server/README.md"]) is not None
+
+
+def test_pr_builds_take_upstream_cis_cpu_flags(pin, sdist_tarball):
+    """The per-commit and per-stack builds are upstream CI's CPU build (build-cpu.yml): fatal
+    warnings, not native. Every flag of PR_CMAKE_ARGS is in that workflow of the pinned tree."""
+    from llamacpp_mla_port.upstreaming.pr import PR_CMAKE_ARGS
+
+    base = obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
+    workflow = gitutil.read_blob(obtain.cache_repo(), base.sha, ".github/workflows/build-cpu.yml").decode()
+    assert "-DLLAMA_FATAL_WARNINGS=ON" in PR_CMAKE_ARGS and "-DGGML_NATIVE=OFF" in PR_CMAKE_ARGS
+    for flag in PR_CMAKE_ARGS:
+        assert flag in workflow, flag

@@ -1,0 +1,151 @@
+"""Base against patched: upstream's own tests run on the pinned base and on a patched tree,
+each built with the same flags, so a change to shared code is shown not to change its other
+users.
+
+- test-llama-archs over every architecture it knows (not only dflash/eagle3);
+- test-backend-ops -b CPU for the ops the series touches (HARNESS_OPS), in three builds of
+  ggml-cpu (ISA_BUILDS): native, AVX2 without AVX-512 and scalar.
+
+A case that passes on the base and not on the patched tree is a regression. The count of
+cases each side ran is reported beside it, so a side that ran nothing is seen (and refused).
+
+    run_diff(base_tree, patched_tree, base_dir, patched_dir, isas, ops, log) -> dict
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Iterable
+
+from llamacpp_mla_port.build import ensure_build
+from llamacpp_mla_port.errors import BuildError, ProofError
+
+#: CMake options of each ggml-cpu build; every option not named keeps its default on both sides
+ISA_BUILDS: dict[str, tuple[str, ...]] = {
+    "native": (),
+    # x86 without GGML_NATIVE turns SSE4.2, AVX, AVX2, BMI2, FMA and F16C on, AVX-512 off
+    "avx2": ("-DGGML_NATIVE=OFF", "-DGGML_AVX512=OFF"),
+    "scalar": ("-DGGML_NATIVE=OFF", "-DGGML_SSE42=OFF", "-DGGML_AVX=OFF", "-DGGML_AVX2=OFF",
+               "-DGGML_BMI2=OFF", "-DGGML_FMA=OFF", "-DGGML_F16C=OFF", "-DGGML_AVX512=OFF"),
+}
+#: the ops whose CPU code the series edits (sgemm.cpp: MUL_MAT; ops.cpp: FLASH_ATTN_EXT)
+HARNESS_OPS: tuple[str, ...] = ("MUL_MAT", "FLASH_ATTN_EXT")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: test-llama-archs' table: | arch | device | config | status (nmse) | roundtrip |
+_ARCHS_ROW = re.compile(r"^\|\s*(?P<arch>[^|]+?)\|\s*(?P<dev>[^|]+?)\|\s*(?P<cfg>[^|]+?)\|"
+                        r"\s*(?P<status>[A-Z]+)[^|]*\|\s*(?P<rt>[A-Z]+)\s*\|\s*$", re.M)
+#: test-backend-ops' console lines: "  OP(params): ... OK|FAIL", "not supported [...]", "skipping ..."
+_OPS_CASE = re.compile(r"^  (?P<case>[A-Z][A-Z0-9_]*\(.*\)): (?P<rest>.*)$", re.M)
+
+
+def archs_results(stdout: str) -> dict[str, str]:
+    """test-llama-archs' table as {"arch|device|config": status}; status OK, FAIL or SKIP
+    (the roundtrip column's verdict joins the NMSE column's: a failed roundtrip is FAIL)."""
+    out: dict[str, str] = {}
+    for m in _ARCHS_ROW.finditer(_ANSI.sub("", stdout)):
+        if m["arch"].strip() in ("Model arch.",) or set(m["arch"].strip()) <= {"-"}:
+            continue
+        status = "FAIL" if "FAIL" in (m["status"], m["rt"]) else m["status"]
+        out[f"{m['arch'].strip()}|{m['dev'].strip()}|{m['cfg'].strip()}"] = status
+    return out
+
+
+def backend_ops_results(stdout: str) -> dict[str, str]:
+    """test-backend-ops' cases as {"OP(params)": status}: OK, FAIL, UNSUPPORTED or SKIP."""
+    out: dict[str, str] = {}
+    for m in _OPS_CASE.finditer(_ANSI.sub("", stdout)):
+        rest = m["rest"].strip()
+        if rest.endswith("OK"):
+            status = "OK"
+        elif rest.endswith("FAIL"):
+            status = "FAIL"
+        elif rest.startswith("not supported"):
+            status = "UNSUPPORTED"
+        elif rest.startswith("skipping"):
+            status = "SKIP"
+        else:
+            continue
+        out[m["case"]] = status
+    return out
+
+
+def compare(base: dict[str, str], patched: dict[str, str], what: str) -> dict:
+    """Counts per status on each side, and the cases that pass on the base but not patched."""
+    if not base or not patched:
+        side = "base" if not base else "patched"
+        raise ProofError(f"{what}: the {side} side ran no case",
+                         hint="the binary printed nothing a parser knows: see its log")
+    regressions = sorted(k for k, v in base.items() if v == "OK" and patched.get(k) != "OK")
+    return {"what": what, "base": dict(Counter(base.values())), "patched": dict(Counter(patched.values())),
+            "base_cases": len(base), "patched_cases": len(patched),
+            "new_cases": len(set(patched) - set(base)), "regressions": regressions,
+            "ok": not regressions}
+
+
+def _run(cmd: list[str], timeout: float) -> str:
+    from llamacpp_mla_port.proof.run.processes import run_bounded
+
+    proc = run_bounded(cmd, timeout)
+    # a failing case makes the binary exit 1: its table still says which
+    if proc.returncode not in (0, 1):
+        raise ProofError(f"{Path(cmd[0]).name} exited {proc.returncode}: {(proc.stderr or '')[-1500:]}",
+                         hint=" ".join(cmd))
+    return proc.stdout
+
+
+def build_dir_of(side_dir: Path, isa: str) -> Path:
+    """SIDE/build for the native build, SIDE/build-ISA for the others (the tree is SIDE/llama.cpp:
+    the same layout on both sides lets ccache share the unchanged files)."""
+    return Path(side_dir) / ("build" if isa == "native" else f"build-{isa}")
+
+
+def run_diff(base_tree: Path, patched_tree: Path, base_dir: Path, patched_dir: Path,
+             isas: Iterable[str] = tuple(ISA_BUILDS), ops: Iterable[str] = HARNESS_OPS,
+             archs: bool = True, jobs: int | None = None,
+             log: Callable[[str], None] = lambda m: None) -> dict:
+    """The differential on both sides (module doc). Builds what is missing, incrementally."""
+    report: dict = {"isas": list(isas), "ops": list(ops), "results": []}
+    sides = {"base": (Path(base_tree), Path(base_dir)), "patched": (Path(patched_tree), Path(patched_dir))}
+    t0 = time.monotonic()
+    for isa in isas:
+        if isa not in ISA_BUILDS:
+            raise BuildError(f"unknown ISA build {isa!r}", hint="one of " + ", ".join(ISA_BUILDS))
+        targets = ("test-backend-ops",) + (("test-llama-archs",) if archs and isa == "native" else ())
+        bins = {}
+        for side, (tree, sdir) in sides.items():
+            log(f"{side}: building {', '.join(targets)} ({isa})")
+            bins[side] = ensure_build(tree, build_dir_of(sdir, isa), targets, ISA_BUILDS[isa], jobs=jobs,
+                                      echo=False) / "bin"
+        if archs and isa == "native":
+            res = {s: archs_results(_run([str(b / "test-llama-archs"), "-s", "1"], 1800)) for s, b in bins.items()}
+            report["results"].append({"isa": isa, **compare(res["base"], res["patched"], "test-llama-archs")})
+            log(_line(report["results"][-1]))
+        for op in ops:
+            res = {s: backend_ops_results(_run([str(b / "test-backend-ops"), "-b", "CPU", "-o", op], 3600))
+                   for s, b in bins.items()}
+            report["results"].append({"isa": isa, **compare(res["base"], res["patched"], f"test-backend-ops -o {op}")})
+            log(_line(report["results"][-1]))
+    report["seconds"] = round(time.monotonic() - t0, 1)
+    report["ok"] = all(r["ok"] for r in report["results"])
+    return report
+
+
+def _line(r: dict) -> str:
+    ok_b, ok_p = r["base"].get("OK", 0), r["patched"].get("OK", 0)
+    return (f"{r['what']} ({r['isa']}): base {ok_b}/{r['base_cases']} OK, patched {ok_p}/{r['patched_cases']} OK, "
+            f"{len(r['regressions'])} regressions" + (f": {', '.join(r['regressions'][:5])}" if r["regressions"] else ""))
+
+
+def markdown(report: dict) -> str:
+    """The table for EVIDENCE.md: base / patched counts per test and build."""
+    lines = ["| test | build | base OK / run | patched OK / run | new cases | passes on base, not patched |",
+             "|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        lines.append(f"| `{r['what']}` | {r['isa']} | {r['base'].get('OK', 0)} / {r['base_cases']} | "
+                     f"{r['patched'].get('OK', 0)} / {r['patched_cases']} | {r['new_cases']} | "
+                     f"{len(r['regressions'])} |")
+    return "\n".join(lines) + "\n"

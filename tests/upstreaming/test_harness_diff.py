@@ -1,0 +1,95 @@
+"""Base against patched with upstream's own tests (upstreaming/harness_diff.py, `harness-diff`).
+
+Fast: the parsers on text in the binaries' own formats (a failing case and a roundtrip failure
+must be read as FAIL), the comparison (a case passing on the base and failing patched is a
+regression; a side that ran nothing is refused), and test-llama-archs over every architecture
+on the patched build. Slow (`make test-slow`): the whole differential for the series, base and
+patched built alike, in the native, AVX2-only and scalar builds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.upstreaming import harness_diff as hd
+
+ARCHS_OUT = """\
+|     Model arch.|                    Device|Config|   NMSE vs. CPU|Roundtrip|
+|----------------|--------------------------|------|---------------|---------|
+|           llama|Intel(R) Xeon(R) Processor| Dense|  \x1b[1;32mOK\x1b[0m (0.00e+00)|       \x1b[1;32mOK\x1b[0m|
+|           llama|                      Meta| Dense|\x1b[1;33mSKIP\x1b[0m           |     \x1b[1;33mSKIP\x1b[0m|
+|           qwen3|Intel(R) Xeon(R) Processor|   MoE|  \x1b[1;31mFAIL\x1b[0m (3.10e-01)|       \x1b[1;32mOK\x1b[0m|
+|          eagle3|Intel(R) Xeon(R) Processor|own width|  \x1b[1;32mOK\x1b[0m           |     \x1b[1;33mSKIP\x1b[0m|
+|          gemma2|Intel(R) Xeon(R) Processor| Dense|  \x1b[1;32mOK\x1b[0m (0.00e+00)|       \x1b[1;31mFAIL\x1b[0m|
+Summary: 4 test(s) executed, 2 failed
+"""
+
+OPS_OUT = """\
+Testing 1 devices
+
+Backend 1/1: CPU
+  Device description: Intel(R) Xeon(R) Processor
+  MUL_MAT(type_a=f16,type_b=f32,m=16,n=1,k=256,bs=[1,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1): \x1b[1;32mOK\x1b[0m
+  MUL_MAT(type_a=q8_0,type_b=f32,m=16,n=7,k=256,bs=[1,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1): [MUL_MAT] NMSE = 0.010000000 > 0.000500000 \x1b[1;31mFAIL\x1b[0m
+  MUL_MAT(type_a=iq2_xxs,type_b=f32,m=16,n=1,k=256,bs=[1,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1): not supported [CPU]
+  MUL_MAT(type_a=f32,type_b=f32,m=4096,n=4096,k=4096,bs=[1,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1): skipping large tensors for speed
+  2/3 tests passed
+  Backend CPU: \x1b[1;31mFAIL\x1b[0m
+"""
+
+
+def test_archs_table_is_read_per_case():
+    res = hd.archs_results(ARCHS_OUT)
+    assert res == {"llama|Intel(R) Xeon(R) Processor|Dense": "OK", "llama|Meta|Dense": "SKIP",
+                   "qwen3|Intel(R) Xeon(R) Processor|MoE": "FAIL",
+                   "eagle3|Intel(R) Xeon(R) Processor|own width": "OK",
+                   "gemma2|Intel(R) Xeon(R) Processor|Dense": "FAIL"}     # the roundtrip failed
+
+
+def test_backend_ops_lines_are_read_per_case():
+    res = hd.backend_ops_results(OPS_OUT)
+    assert list(res.values()) == ["OK", "FAIL", "UNSUPPORTED", "SKIP"]
+    assert all(k.startswith("MUL_MAT(type_a=") and k.endswith(")") for k in res)
+
+
+def test_a_case_passing_on_the_base_and_failing_patched_is_a_regression():
+    base = hd.backend_ops_results(OPS_OUT.replace("[MUL_MAT] NMSE = 0.010000000 > 0.000500000 \x1b[1;31mFAIL",
+                                                  "\x1b[1;32mOK"))
+    patched = hd.backend_ops_results(OPS_OUT)
+    r = hd.compare(base, patched, "test-backend-ops -o MUL_MAT")
+    assert not r["ok"] and len(r["regressions"]) == 1 and "type_a=q8_0" in r["regressions"][0]
+    # the other way round (a fix) is not one, and neither is a case the patched side adds
+    r = hd.compare(patched, {**base, "MUL_MAT(new)": "OK"}, "x")
+    assert r["ok"] and r["new_cases"] == 1 and r["base"]["FAIL"] == 1
+    assert "| `x` | native |" in hd.markdown({"results": [{**r, "isa": "native"}]})
+
+
+def test_a_side_that_ran_nothing_is_refused():
+    with pytest.raises(ProofError, match="the patched side ran no case"):
+        hd.compare(hd.backend_ops_results(OPS_OUT), hd.backend_ops_results("garbage"), "x")
+
+
+@pytest.mark.build
+def test_every_architecture_passes_test_llama_archs_patched(llama_build):
+    """The fast subset: upstream's harness over every architecture it knows, on the patched
+    build (the series must not fail a case of any other model)."""
+    proc = subprocess.run([str(llama_build / "bin" / "test-llama-archs"), "-s", "1"], capture_output=True,
+                          text=True, timeout=900)
+    res = hd.archs_results(proc.stdout)
+    failed = sorted(k for k, v in res.items() if v == "FAIL")
+    archs = {k.split("|")[0] for k, v in res.items() if v == "OK"}
+    print(f"\ntest-llama-archs: {sum(v == 'OK' for v in res.values())} OK of {len(res)} rows, "
+          f"{len(archs)} architectures")
+    assert proc.returncode == 0 and not failed, (failed, proc.stdout[-2000:])
+    assert len(archs) > 50 and {"dflash", "eagle3", "kimi-k3", "deepseek2", "qwen3"} <= archs, sorted(archs)
+
+
+@pytest.mark.slow
+def test_the_series_changes_no_case_of_upstreams_tests(patched_tree, llama_build):
+    """The whole series against the pin, every ISA build: no case that passes on the base fails."""
+    from llamacpp_mla_port.cli import main
+
+    assert main(["harness-diff"]) == 0
