@@ -507,6 +507,26 @@ def test_the_project_knows_a_newer_upstream_than_its_pin():
         (REPO / "templates" / "pin.toml").read_text().split('tag = "b', 1)[1].split('"', 1)[0])
 
 
+def test_canary_onto_newest_with_nothing_newer_than_the_pin_says_so_and_exits_cleanly(tmp_path, capsys):
+    """Once the pin is the newest known tree, `make canary` has nothing to try: one line, exit 0,
+    nothing downloaded or built. A newer row brings the canary back (control)."""
+    from llamacpp_mla_port.cli import main
+
+    templates = tmp_path / "templates"
+    shutil.copytree(REPO / "templates", templates)
+    newest = newer_mod.newest(templates)
+    pin = (templates / "pin.toml").read_text()
+    (templates / "pin.toml").write_text(re.sub(r'tag = "b\d+"', f'tag = "b{newest.build}"', pin))
+    for flags in (["--canary"], ["--canary", "--prove", "--canary-dir", str(tmp_path / "c")]):
+        assert main(["rebase", "--onto", "newest", *flags, "--templates-dir", str(templates)]) == 0
+        out = capsys.readouterr().out.strip().splitlines()
+        assert out == [f"canary: no upstream tree newer than the pin (b{newest.build}) is known: add a newer "
+                       "[[tree]] row to templates/upstreams.toml, or pass --onto NAME==VERSION, a commit or a folder"]
+    assert not (tmp_path / "c").exists()
+    assert newer_mod.nothing_newer(f"b{newest.build - 1}", templates) is None
+    assert newer_mod.nothing_newer("b1", REPO / "templates") is None
+
+
 # ------------------------------------------------------------------------------ make canary
 @pytest.mark.slow
 def test_make_canary_on_the_newest_known_upstream(tmp_path):

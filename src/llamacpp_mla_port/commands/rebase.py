@@ -69,6 +69,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.onto == "newest" and (args.canary or args.prove):
+        from llamacpp_mla_port.source.newer import nothing_newer
+        from llamacpp_mla_port.source.pin import load_pin
+
+        pin = load_pin(args.templates_dir / "pin.toml" if args.templates_dir else None)
+        line = nothing_newer(pin.tag, args.templates_dir)
+        if line:
+            print(line)
+            return 0
     if args.prove:
         return _run_full_canary(args)
     opts = RebaseOptions(onto=args.onto, git_url=args.git_url, force=args.force,

@@ -103,6 +103,17 @@ def newest(templates_dir: Path | None = None) -> NewerTree:
     return max(rows, key=lambda r: r.build or -1)
 
 
+def nothing_newer(pin_tag: str, templates_dir: Path | None = None) -> str | None:
+    """The one line `--onto newest` gives when upstreams.toml knows no tree newer than the pin
+    (tag bN); None when it knows one, or the pin's build number is not in its tag."""
+    m = _TAG.match(pin_tag)
+    _, rows = load(templates_dir)
+    if not m or any((r.build or -1) > int(pin_tag[1:]) for r in rows):
+        return None
+    return (f"canary: no upstream tree newer than the pin ({pin_tag}) is known: add a newer [[tree]] "
+            f"row to templates/{FILE}, or pass --onto NAME==VERSION, a commit or a folder")
+
+
 def resolve(onto: str, templates_dir: Path | None = None) -> NewerTree | None:
     """The tree `onto` names (see the module doc), or None when it names no sdist tree."""
     rules, rows = load(templates_dir)
