@@ -218,6 +218,19 @@ class Measured:
         return max(g["gflops"] for key, g in self.gemm.items() if key[3] in COMPUTE_NS) * 1e9
 
 
+def measure_default_bufts(tree: Path, build: Path, out: Path, specs: list[str], threads: int,
+                          **kw) -> tuple[Measured, bool, str | None]:
+    """measure() with the buffer types llama.cpp picks; where that run dies (ggml's AMX tile
+    kernels built by GCC 12 lose their tile config and raise SIGILL, upstream PR #26954), again
+    with extra buffer types off. (Measured, extra buffer types on?, the note saying why not)."""
+    try:
+        return measure(tree, build, out, specs, threads, **kw), True, None
+    except ProofError as err:
+        note = (f"default buffer types failed ({str(err).splitlines()[0][:200]}); "
+                "measured with extra buffer types off")
+        return measure(tree, build, out, specs, threads, extra_bufts=False, **kw), False, note
+
+
 def measure(tree: Path, build: Path, out: Path, specs: list[str], threads: int, bw_mib: int = BW_MIB,
             repeats: int = 1, extra_bufts: bool = True, timeout: float = 1800) -> Measured:
     from llamacpp_mla_port.proof.run.processes import run_bounded

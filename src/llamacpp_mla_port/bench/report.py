@@ -187,6 +187,7 @@ def render_markdown(report: dict, plots: list[str]) -> str:
               f"ggml-floor, {sw['threads']} threads, best of {sw['repeats']}; floor = max(weight bytes / "
               f"{sw['bandwidth_gbps']:.1f} GB/s, FLOPs / ggml's best rate on the same shape at N = {n_compute})"
               f"{before}.", ""]
+        L += [f"Note: {n}." for n in sw.get("notes", [])] + ([""] if sw.get("notes") else [])
         L += sweep_table(sw) + [""]
     if report.get("passes"):
         L += ["## Draft passes vs floor", "",

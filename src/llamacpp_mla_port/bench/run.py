@@ -143,16 +143,11 @@ class Bench:
         for wt in ("bf16", "q8_0"):
             wt_specs = [sp for sp in specs if sp.startswith(wt + ":")]
             out = self.out / f"floors-{wt}.json"
-            try:
-                part = fl.measure(self.tree, self.build, out, wt_specs, self.threads, repeats=self.repeats)
-                extra = True
-            except ProofError as err:
-                # the same fallback as the passes: an extra buffer type (AMX) that crashes on this machine
-                self.floor_notes[wt] = (f"default buffer types failed ({str(err).splitlines()[0][:200]}); "
-                                        "measured with extra buffer types off")
-                part = fl.measure(self.tree, self.build, out, wt_specs, self.threads, repeats=self.repeats,
-                                  extra_bufts=False)
-                extra = False
+            # the same fallback as the passes: an extra buffer type (AMX) that crashes on this machine
+            part, extra, note = fl.measure_default_bufts(self.tree, self.build, out, wt_specs, self.threads,
+                                                         repeats=self.repeats)
+            if note:
+                self.floor_notes[wt] = note
             self.cmd(f"floors_{wt}", [self._program("ggml-floor"), "--threads", self.threads, "--out", out,
                                       "--bw-mib", fl.BW_MIB, "--gemm", ",".join(wt_specs), "--repeats", self.repeats]
                      + ([] if extra else ["--no-extra-bufts"]))

@@ -36,9 +36,14 @@ def run_sweep(tree: Path, build: Path, out: Path, threads: int, repeats: int = 3
     specs = [f"{t}:{k}:{m}:{n}" for t in TYPES for (k, m) in shapes.values() for n in sorted({*n_values, *N_COMPUTE})]
     sides = {"after": Path(build)} | ({"before": Path(baseline)} if baseline else {})
     runs: dict[str, list] = {side: [] for side in sides}
+    notes: list[str] = []
     for r in range(rounds if baseline else 1):
         for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-            runs[side].append(fl.measure(tree, sides[side], out, specs, threads, bw_mib=bw_mib, repeats=repeats))
+            m, _, note = fl.measure_default_bufts(tree, sides[side], out, specs, threads, bw_mib=bw_mib,
+                                                  repeats=repeats)
+            runs[side].append(m)
+            if note and note not in notes:
+                notes.append(note)
 
     def best_seconds(side: str, key: tuple) -> float:
         return min(2.0 * key[1] * key[2] * key[3] / (m.gemm[key]["gflops"] * 1e9) for m in runs[side])
@@ -64,7 +69,7 @@ def run_sweep(tree: Path, build: Path, out: Path, threads: int, repeats: int = 3
                 rows.append(row)
     return {"threads": threads, "repeats": repeats, "rounds": rounds if baseline else 1,
             "baseline": str(baseline) if baseline else None, "bandwidth_gbps": round(bandwidth, 2),
-            "n_compute": list(N_COMPUTE), "rows": rows}
+            "n_compute": list(N_COMPUTE), "rows": rows, "notes": notes}
 
 
 def table(sweep: dict) -> list[str]:
