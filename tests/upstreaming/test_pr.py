@@ -344,3 +344,14 @@ def test_pr_builds_take_upstream_cis_cpu_flags(pin, sdist_tarball):
     assert "-DLLAMA_FATAL_WARNINGS=ON" in PR_CMAKE_ARGS and "-DGGML_NATIVE=OFF" in PR_CMAKE_ARGS
     for flag in PR_CMAKE_ARGS:
         assert flag in workflow, flag
+
+
+@pytest.mark.parametrize("title,ok", [("ggml-cpu : tile flash attention", True), ("model : x", True),
+                                      ("ggml cpu : x", False), ("Model : x", False), ("model: x", False)])
+def test_one_title_rule_for_render_and_the_style_check(title, ok):
+    """series.spec.TITLE is the rule: the style check and render agree on every title."""
+    from llamacpp_mla_port.series.spec import TITLE
+    from llamacpp_mla_port.upstreaming.style import subject_findings
+
+    assert bool(TITLE.match(title)) == ok
+    assert (not [f for f in subject_findings(title) if f.rule == "prefix"]) == ok

@@ -8,7 +8,6 @@ recorded and the walk goes on), so the two cannot disagree. Anchors: series/anch
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,7 +16,7 @@ import jinja2
 from llamacpp_mla_port.errors import AnchorError, PortError, RenderError
 from llamacpp_mla_port.series import anchors
 from llamacpp_mla_port.series.anchors import Located, Miss
-from llamacpp_mla_port.series.spec import Change, Commit, Series
+from llamacpp_mla_port.series.spec import TITLE, Change, Commit, Series
 
 
 @dataclass(frozen=True)
@@ -203,7 +202,7 @@ def walk_series(series: Series, read_base: Callable[[str], bytes | None], base_l
         message = _render(env, commit.message_template, context, f"series/{commit.slug}")
         message = message.strip("\n") + "\n"
         title = message.splitlines()[0]
-        if not re.match(r"^[a-z0-9_./-]+( [a-z0-9_./-]+)* : \S", title):
+        if not TITLE.match(title):
             raise RenderError(f"series/{commit.slug}: commit title {title!r} is not in llama.cpp "
                               "style `<module> : <title>`", "edit message.txt.j2's first line")
         if len(message.splitlines()) > 1 and message.splitlines()[1].strip():

@@ -21,6 +21,9 @@ _COMMIT_KEYS = {"vars", "change", "stack"}
 _STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _STACK_KEYS = {"title", "summary", "evidence", "depends"}
 _EVIDENCE_KEYS = {"claim", "command"}
+#: upstream's commit title, `<module> : <title>`: the one rule that render and the PR kit's style
+#: check (upstreaming/style.py) apply
+TITLE = re.compile(r"^(?P<module>[a-z0-9][a-z0-9_.+/-]*) : (?P<title>\S.*)$")
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import unidiff
 
+from llamacpp_mla_port.series.spec import TITLE
+
 SUBJECT_MAX = 72
 BODY_LINES = 12
 COMMENT_LINES = 2
-_SUBJECT = re.compile(r"^(?P<module>[a-z0-9][a-z0-9_.+/-]*) : (?P<title>\S.*)$")
 #: a second prefix inside the title: "model : dflash: ..." or "docs : x : ..."
 _SECOND_PREFIX = re.compile(r"^[A-Za-z0-9_.+/-]+ ?: ")
 _C_EXT = (".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh", ".m", ".metal")
@@ -40,7 +41,7 @@ def subject_findings(subject: str) -> list[StyleFinding]:
     if len(subject) > SUBJECT_MAX:
         out.append(StyleFinding("subject", "length",
                                 f"{len(subject)} characters (at most {SUBJECT_MAX}): {subject}"))
-    m = _SUBJECT.match(subject)
+    m = TITLE.match(subject)
     if not m:
         out.append(StyleFinding("subject", "prefix",
                                 f"not `<module> : <title>` (upstream's form): {subject}"))
