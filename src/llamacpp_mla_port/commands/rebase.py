@@ -56,7 +56,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs")
     g.add_argument("--build-stacks", action="store_true",
                    help="after the build: each PR stack alone on the new upstream, built as `pr` "
-                        "builds a commit (LLAMA_FATAL_WARNINGS), in <canary-dir>/stacks/")
+                        "builds a commit (upstream CI's CPU flags: GGML_NATIVE=OFF, LLAMA_FATAL_WARNINGS), "
+                        "in <canary-dir>/stacks/")
     g.add_argument("--no-proof", action="store_true",
                    help="stop after the builds (the proof is not run; the report says so)")
     g.add_argument("--quick", action="store_true",

@@ -14,7 +14,7 @@ Stages, in order; the first that fails ends the run and names its evidence:
   build    build.ensure_build of the targets the proof needs: the first compiler (or CMake,
            or linker) error with file and line, and the series patch that wrote that line
   stacks   (--build-stacks) each PR stack's head alone on the new upstream, built as `pr`
-           builds a commit (its targets, LLAMA_FATAL_WARNINGS) in <canary-dir>/stacks/:
+           builds a commit (its targets, GGML_NATIVE=OFF, LLAMA_FATAL_WARNINGS) in <canary-dir>/stacks/:
            the stack that fails and its build error
   proof    proof.smoke.run_smoke: the failing checks, and the figures either way
 Every stage records its time. A rerun reuses the canary dir (incremental build).
