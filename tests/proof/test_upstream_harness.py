@@ -24,13 +24,13 @@ import pytest
 from llamacpp_mla_port import build as build_mod
 from llamacpp_mla_port.series import stacks
 from llamacpp_mla_port.series.spec import Stack, load_series
+from llamacpp_mla_port.upstreaming.harness_diff import archs_results
 from llamacpp_mla_port.upstreaming.pr import PR_CMAKE_ARGS
 from llamacpp_mla_port.source import obtain
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_COMMIT = "09-tests-dflash-pair-archs"
 RPC_TEST_COMMIT = "06-tests-rpc-lost-server"
-ROW = re.compile(r"^\|\s*dflash\|\s*(?P<dev>[^|]+)\|\s*(?P<case>[^|]+)\|(?P<rest>.*)$", re.M)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -42,8 +42,9 @@ def _run_archs(build_dir: Path, seed: int, arch: str = "dflash") -> tuple[int, s
 
 
 def _cpu_rows(text: str, arch: str = "dflash") -> dict[str, str]:
-    row = ROW if arch == "dflash" else re.compile(ROW.pattern.replace("dflash", re.escape(arch)), re.M)
-    return {m["case"].strip(): m["rest"] for m in row.finditer(text) if m["dev"].strip() != "Meta"}
+    """{config: OK|FAIL|SKIP} of `arch`'s rows on the CPU (harness-diff's reading of the table)."""
+    rows = (key.split("|") + [status] for key, status in archs_results(text).items())
+    return {cfg: status for name, dev, cfg, status in rows if name == arch and dev != "Meta"}
 
 
 @pytest.mark.build
@@ -54,8 +55,8 @@ def test_dflash_drafts_run_paired_with_their_targets(llama_build, seed):
     rows = _cpu_rows(text)
     # both layouts ran on the CPU (not skipped), each as one test
     assert set(rows) == {"Qwen3", "MLA"}, text[-3000:]
-    for case, rest in rows.items():
-        assert rest.strip().startswith("OK"), (case, rest)
+    for case, status in rows.items():
+        assert status == "OK", (case, status)
     assert "Summary: all 2 test(s) passed" in text, text[-2000:]
 
 
@@ -73,8 +74,8 @@ def test_eagle3_drafts_run_paired_with_their_targets(llama_build, seed):
     assert rc == 0, text[-3000:]
     rows = _cpu_rows(text, "eagle3")
     assert set(rows) == EAGLE3_LAYOUTS, text[-3000:]
-    for case, rest in rows.items():
-        assert rest.strip().startswith("OK"), (case, rest)
+    for case, status in rows.items():
+        assert status == "OK", (case, status)
     assert f"Summary: all {len(EAGLE3_LAYOUTS)} test(s) passed" in text, text[-2000:]
 
 
