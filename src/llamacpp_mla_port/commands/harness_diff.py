@@ -64,19 +64,19 @@ def run(args) -> int:
     places = project.places()
     root = places.harness_diff_dir
     base_dir = root / "base"
-    _export(repo, base.sha, base_dir / "llama.cpp")
+    _export(repo, base.sha, project.tree_in(base_dir))
     if args.stack:
         series = load_series(places.templates_dir)
         rs = stacks.render_stack(repo, series, series.stack(args.stack), base.sha, pin.tag, {"pin": pin})
         name, side = args.stack, root / args.stack
-        _export(repo, rs.head, side / "llama.cpp")
+        _export(repo, rs.head, project.tree_in(side))
     else:
         name, side = "series", places.work_dir
-        if not (side / "llama.cpp" / "CMakeLists.txt").is_file():
+        if not (places.work_tree / "CMakeLists.txt").is_file():
             print("error: no patched work tree: run `make patch` first", file=sys.stderr)
             return 1
-        require_applied(side / "llama.cpp")
-    report = run_diff(base_dir / "llama.cpp", side / "llama.cpp", base_dir, side,
+        require_applied(places.work_tree)
+    report = run_diff(base_dir, side,
                       isas=[s for s in args.isa.split(",") if s], ops=[s for s in args.ops.split(",") if s],
                       archs=not args.no_archs, jobs=args.jobs, log=print)
     report.update({"target": name, "base": f"{pin.tag} ({pin.commit[:12]})"})

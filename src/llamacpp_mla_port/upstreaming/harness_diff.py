@@ -9,7 +9,7 @@ users.
 A case that passes on the base and not on the patched tree is a regression. The count of
 cases each side ran is reported beside it, so a side that ran nothing is seen (and refused).
 
-    run_diff(base_tree, patched_tree, base_dir, patched_dir, isas, ops, log) -> dict
+    run_diff(base_dir, patched_dir, isas, ops, archs, jobs, log) -> dict
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Callable, Iterable
 
 from llamacpp_mla_port.build import ensure_build
 from llamacpp_mla_port.errors import BuildError, ProofError
+from llamacpp_mla_port.project import build_in, tree_in
 
 #: CMake options of each ggml-cpu build; every option not named keeps its default on both sides
 ISA_BUILDS: dict[str, tuple[str, ...]] = {
@@ -98,18 +99,20 @@ def _run(cmd: list[str], timeout: float) -> str:
 
 
 def build_dir_of(side_dir: Path, isa: str) -> Path:
-    """SIDE/build for the native build, SIDE/build-ISA for the others (the tree is SIDE/llama.cpp:
-    the same layout on both sides lets ccache share the unchanged files)."""
-    return Path(side_dir) / ("build" if isa == "native" else f"build-{isa}")
+    """project.build_in(SIDE) for the native build, SIDE/build-ISA for the others (the tree is
+    project.tree_in(SIDE): the same layout on both sides lets ccache share the unchanged files)."""
+    native = build_in(side_dir)
+    return native if isa == "native" else native.with_name(f"{native.name}-{isa}")
 
 
-def run_diff(base_tree: Path, patched_tree: Path, base_dir: Path, patched_dir: Path,
+def run_diff(base_dir: Path, patched_dir: Path,
              isas: Iterable[str] = tuple(ISA_BUILDS), ops: Iterable[str] = HARNESS_OPS,
              archs: bool = True, jobs: int | None = None,
              log: Callable[[str], None] = lambda m: None) -> dict:
-    """The differential on both sides (module doc). Builds what is missing, incrementally."""
+    """The differential of two work dirs, each a tree and its builds (project.tree_in, build_dir_of;
+    module doc). Builds what is missing, incrementally."""
     report: dict = {"isas": list(isas), "ops": list(ops), "results": []}
-    sides = {"base": (Path(base_tree), Path(base_dir)), "patched": (Path(patched_tree), Path(patched_dir))}
+    sides = {"base": (tree_in(base_dir), Path(base_dir)), "patched": (tree_in(patched_dir), Path(patched_dir))}
     t0 = time.monotonic()
     for isa in isas:
         if isa not in ISA_BUILDS:
