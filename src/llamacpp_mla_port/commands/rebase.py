@@ -74,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
         from llamacpp_mla_port.source.newer import nothing_newer
         from llamacpp_mla_port.source.pin import load_pin
 
-        pin = load_pin(args.templates_dir / "pin.toml" if args.templates_dir else None)
-        line = nothing_newer(pin.tag, args.templates_dir)
+        line = nothing_newer(load_pin().tag)      # the pin and table of --templates-dir (project.Places)
         if line:
             print(line)
             return 0
