@@ -137,13 +137,14 @@ def test_v_b_form_ops_name_the_product_not_its_copies():
 def test_realsize_form_check_on_the_reduced_config(patched_tree, llama_build, tmp_path):
     """The realsize stage's v_b form check (Check.probe_form + check_v_b_form) on the dry run's
     reduced config, with the series' graph as built: v_b's product is one MUL_MAT node."""
+    from llamacpp_mla_port import project
     from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
 
     work = tmp_path / "work"
     work.mkdir()
-    # the stage's own layout: WORK/llama.cpp and WORK/build
-    (work / "llama.cpp").symlink_to(Path(patched_tree).resolve())
-    (work / "build").symlink_to(Path(llama_build).resolve())
+    # the stage's own layout of the work dir: its tree and build (project.tree_in, build_in)
+    project.tree_in(work).symlink_to(Path(patched_tree).resolve())
+    project.build_in(work).symlink_to(Path(llama_build).resolve())
     tiny = write_kimi_k3_target(llama_build, tmp_path / "kimi-k3-target.gguf")
     models = check.write_realsize_models(tiny, tmp_path / "realsize-reduced", reduced=True)
     run = check.Check(tmp_path / "bundle", tmp_path / "out", work, dry_run=True, budget_s=None,

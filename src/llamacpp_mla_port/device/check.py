@@ -25,6 +25,7 @@ from llamacpp_mla_port.device.judge import judge_parity
 from llamacpp_mla_port.device.report import format_report
 from llamacpp_mla_port.device.toolkit import cuda_toolkit_args
 from llamacpp_mla_port.errors import DeviceCheckError, PortError
+from llamacpp_mla_port.project import build_in, tree_in
 
 #: the real config's DeepSeek-YaRN factor (fixtures.checkpoint.K3_DSPARK_REAL_CONFIG)
 REAL_YARN_FACTOR = 32.0
@@ -132,7 +133,7 @@ class Check:
         self.stages = tuple(stages)
         # the device's 16 cores; a dry run keeps to this project's 2-core budget
         self.threads = threads or (min(os.cpu_count() or 2, 2) if dry_run else (os.cpu_count() or 2))
-        self.tree, self.build = self.work / "llama.cpp", self.work / "build"
+        self.tree, self.build = tree_in(self.work), build_in(self.work)
         self.devices = GPU_DEVICE if self.cuda else None
         self.report: dict = {"kind": "cuda" if self.cuda else "dry run (CUDA off)", "device_call": DEVICE_CALL,
                              "budget_s": budget_s, "threads": self.threads, "stages": {}, "figures_from_gpu": self.cuda}
