@@ -9,6 +9,7 @@ tests' own (a gguf-py list entry and a C++ replace), independent of templates/ i
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -128,12 +129,21 @@ def demo_port_toml() -> str:
     return "\n".join(lines[:cut]).rstrip() + "\n" + DEMO_STACKS
 
 
+def pinned_at(pin_text: str, commit: str) -> str:
+    """The project's pin.toml naming `commit` (its other tables kept): the real pin may name
+    its tree by tag and sdist tree id only."""
+    up = pin_text.index("[upstream]\n") + len("[upstream]\n")
+    head, rest = pin_text[:up], pin_text[up:]
+    rest = re.sub(r'^commit = "[0-9a-f]{40}"\n', "", rest, count=1, flags=re.M)
+    return head + f'commit = "{commit}"\n' + rest
+
+
 def make_templates(dst: Path, pin_commit: str) -> Path:
     """A two-commit series of our own, pinned at `pin_commit` (the sdist table kept)."""
     dst.mkdir(parents=True)
     (dst / "port.toml").write_text(demo_port_toml())
     real_pin = (TEMPLATES_DIR / "pin.toml").read_text()
-    (dst / "pin.toml").write_text(real_pin.replace(load_pin().commit, pin_commit))
+    (dst / "pin.toml").write_text(pinned_at(real_pin, pin_commit))
     for slug, toml, name, body, msg in (
             ("10-gguf-py-demo", COMMIT_10, "tensors.py.j2", ADDED_TENSORS,
              "gguf-py : list two more DFLASH tensors\n\nThe demo body says why.\n"),
@@ -162,7 +172,7 @@ def copy_real_templates(dst: Path, pin_commit: str) -> Path:
     """The project's own templates/ (the real series), pinned at `pin_commit`."""
     shutil.copytree(TEMPLATES_DIR, dst)
     pin = dst / "pin.toml"
-    pin.write_text(pin.read_text().replace(load_pin().commit, pin_commit))
+    pin.write_text(pinned_at(pin.read_text(), pin_commit))
     return dst
 
 

@@ -19,7 +19,7 @@ from llamacpp_mla_port.source import obtain
 
 REPO = Path(__file__).resolve().parents[2]          # this checkout
 TEMPLATES_DIR, PATCHES_DIR = REPO / "templates", REPO / "patches"
-from llamacpp_mla_port.errors import (AnchorError, NetworkError, ObtainError, RenderError,
+from llamacpp_mla_port.errors import (AnchorError, NetworkError, ObtainError, PinError, RenderError,
                                       SeriesError, WorkTreeError)
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.source.pin import load_pin
@@ -118,14 +118,14 @@ def _break(tmp_path, opts, edit) -> pipeline.Options:
     return dataclasses.replace(opts, templates_dir=templates)
 
 
-def test_missing_anchor_names_file_anchor_base_and_candidates(tmp_path, opts):
+def test_missing_anchor_names_file_anchor_base_and_candidates(tmp_path, opts, pin):
     bad = _break(tmp_path, opts, lambda t: t.replace("MODEL_TENSOR.ATTN_Q_A_NORM,",
                                                      "MODEL_TENSOR.ATTN_Q_A_NORMAL,"))
     with pytest.raises(AnchorError) as exc:
         pipeline.patch(bad, log=lambda *_: None)
     msg = str(exc.value)
     assert "gguf-py/gguf/constants.py" in msg and "ATTN_Q_A_NORMAL" in msg
-    assert "0c1e57098bba" in msg and "b11312" in msg
+    assert pin.short in msg and pin.tag in msg
     assert "MODEL_TENSOR.ATTN_Q_A_NORM," in msg          # the nearest candidate line
     assert "nothing was written" in msg
     assert not opts.patches_dir.exists() or not any(opts.patches_dir.iterdir())
@@ -212,7 +212,49 @@ def test_wrong_commit_is_refused(tmp_path, pin, monkeypatch):
     with pytest.raises(ObtainError) as exc:
         obtain.obtain(pin, "auto", git_url=str(repo))
     assert not isinstance(exc.value, NetworkError)
-    assert pin.commit in str(exc.value)
+    assert (pin.commit or pin.tag) in str(exc.value)
+
+
+def _tag_pin(pin, tmp_path, tree: str):
+    """The pin naming its tree by tag and sdist tree id only (no commit line)."""
+    text = pin.path.read_text()
+    lines = [ln for ln in text.splitlines() if not ln.startswith("commit = ")]
+    out = "\n".join(lines).replace(f'tree = "{pin.tree}"', f'tree = "{tree}"') + "\n"
+    (tmp_path / "pin.toml").write_text(out)
+    return load_pin(tmp_path / "pin.toml")
+
+
+def test_a_pin_without_a_commit_names_its_tree_and_needs_one(tmp_path, pin):
+    tagged = _tag_pin(pin, tmp_path, pin.tree)
+    assert tagged.commit is None and tagged.tree == pin.tree
+    assert tagged.short == f"{pin.tag} (tree {pin.tree[:12]})"
+    assert tagged.upstream_ref == f"refs/tags/{pin.tag}" and pin.tree in tagged.ident
+    text = "\n".join(ln for ln in (tmp_path / "pin.toml").read_text().splitlines()
+                     if not ln.startswith(("[sdist]", "tree = ", "package", "version", "filename",
+                                           "sha256", "size", "subdir")))
+    (tmp_path / "bare.toml").write_text(text + "\n")
+    with pytest.raises(PinError, match="no `commit` and no \\[sdist\\] tree id"):
+        load_pin(tmp_path / "bare.toml")
+
+
+def test_a_tag_pin_fetches_the_tag_and_checks_its_tree(tmp_path, pin, sdist_tarball, monkeypatch):
+    """`--source git` of a pin without a commit: the tag is fetched, and a tag whose tree is not
+    the pinned one is refused (the control: a tree id one digit off)."""
+    real = obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
+    up = tmp_path / "up.git"
+    gitutil.run(tmp_path, "init", "-q", "--bare", str(up))
+    (up / "objects" / "info" / "alternates").write_text(f"{obtain.cache_repo().git_dir}/objects\n")
+    tagged = _tag_pin(pin, tmp_path, real.tree)
+    gitutil.run(up, "update-ref", f"refs/tags/{tagged.tag}", real.sha)
+    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    base = obtain.obtain(tagged, "git", git_url=str(up))
+    assert base.tree == real.tree and base.ref == obtain.pin_ref("git", tagged)
+    (tmp_path / "other").mkdir()
+    other = _tag_pin(pin, tmp_path / "other", real.tree[:-1] + ("0" if real.tree[-1] != "0" else "1"))
+    with pytest.raises(ObtainError, match="not the pinned tree") as exc:
+        obtain.obtain(other, "git", git_url=str(up))
+    assert not isinstance(exc.value, NetworkError)
+    assert obtain.cached(other, "git") is None
 
 
 def test_checksum_mismatch_is_refused(tmp_path, pin, monkeypatch):

@@ -26,6 +26,7 @@ import pytest
 
 from llamacpp_mla_port import build as build_mod, gitutil
 from llamacpp_mla_port.errors import ObtainError, PinError
+from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.source import newer as newer_mod, obtain
 from llamacpp_mla_port.upstreaming import canary
 from tests.helpers.upstream_drift import GGUF, GRAPH, K_SET_INPUT, MASK, Project, make_world
@@ -501,10 +502,53 @@ def test_canary_onto_an_sdist_spec_reports_source_sha_and_build(index, demo, tmp
     _untouched(demo, before)
 
 
-def test_the_project_knows_a_newer_upstream_than_its_pin():
-    newest = newer_mod.newest(REPO / "templates")
-    assert newest.recorded and newest.build > int(
-        (REPO / "templates" / "pin.toml").read_text().split('tag = "b', 1)[1].split('"', 1)[0])
+def test_rebase_onto_a_recorded_sdist_row_pins_its_tag_and_tree(world, index, tmp_path, capsys):
+    """A tree only a PyPI sdist carries has no commit id here: the pin names its tag and tree id,
+    and patches/ and the work tree move to it. The same tree unrecorded (NAME==VERSION, sha256
+    from the index) moves nothing (the control)."""
+    from llamacpp_mla_port.series import pipeline
+    p = Project(world, tmp_path / "p", world.base)
+    new = world.commit("sdist-drift", {GGUF: lambda t: "# upstream moved on\n" + t,
+                                       GRAPH: lambda t: "// upstream moved on\n" + t})
+    data = _tarball({**_llama_files("llama.cpp/"), f"llama.cpp/{GGUF}": world.read(new, GGUF),
+                     f"llama.cpp/{GRAPH}": world.read(new, GRAPH), "PKG-INFO": "Version: 20010.0.0\n"},
+                    "llama_cpp_fixture-20010.0.0")
+    entry = index.publish("llama-cpp-fixture", "20010.0.0", data)
+    _table(p.templates, [], RULES)
+    before = p.snapshot()
+    rc, out, err = p.rebase(capsys, "--onto", "llama-cpp-fixture==20010.0.0")
+    assert rc != 0 and "no commit id or recorded sdist" in out + err and p.snapshot() == before
+    got = obtain.import_newer_tree(newer_mod.resolve("llama-cpp-fixture==20010.0.0", p.templates).sdist,
+                                   "b20010", 20010, log=lambda *_: None)
+    _table(p.templates, [{"tag": "b20010", "build": 20010, "package": "llama-cpp-fixture",
+                          "version": "20010.0.0", "filename": entry["filename"],
+                          "sha256": entry["digests"]["sha256"], "size": len(data), "subdir": "llama.cpp",
+                          "tree": got.base.tree}], RULES)
+    rc, out, err = p.rebase(capsys, "--onto", "b20010")
+    assert rc == 0, out + err
+    assert f"pin moved to b20010 (tree {got.base.tree[:12]})" in out
+    pin = load_pin(p.templates / "pin.toml")
+    assert (pin.commit, pin.tag, pin.tree, pin.sdist.package) == (None, "b20010", got.base.tree,
+                                                                   "llama-cpp-fixture")
+    assert "No `commit`" in (p.templates / "pin.toml").read_text()
+    manifest = json.loads((p.patches / "manifest.json").read_text())
+    assert manifest["base"] == {"url": pin.url, "commit": None, "tag": "b20010", "tree": got.base.tree}
+    tree = p.work / "llama.cpp"
+    assert gitutil.run(tree, "rev-parse", "HEAD~2^{tree}") == got.base.tree
+    assert gitutil.run(tree, "status", "--porcelain") == ""
+    assert pipeline.check(pipeline.Options(work_dir=p.work, patches_dir=p.patches,
+                                           templates_dir=p.templates), log=lambda *_: None) == ""
+
+
+def test_the_pin_and_the_upstreams_table_name_one_tree_for_its_tag():
+    """A pin without a commit id names its tree by the sdist row it came from: the row of its
+    tag in upstreams.toml (when there is one) records the same archive and tree."""
+    pin = load_pin(REPO / "templates" / "pin.toml")
+    row = newer_mod.resolve(pin.tag, REPO / "templates")
+    assert pin.commit is not None or (pin.sdist is not None and row is not None)
+    if row is not None:
+        assert (row.sdist.sha256, row.sdist.tree) == (pin.sdist.sha256, pin.sdist.tree)
+    assert newer_mod.newest(REPO / "templates").build >= int(pin.tag[1:])
 
 
 def test_canary_onto_newest_with_nothing_newer_than_the_pin_says_so_and_exits_cleanly(tmp_path, capsys):
@@ -530,7 +574,16 @@ def test_canary_onto_newest_with_nothing_newer_than_the_pin_says_so_and_exits_cl
 # ------------------------------------------------------------------------------ make canary
 @pytest.mark.slow
 def test_make_canary_on_the_newest_known_upstream(tmp_path):
-    proc = subprocess.run(["make", "-s", "canary", f"CANARY_DIR={tmp_path / 'canary'}"], cwd=REPO,
+    """The newest row of upstreams.toml; when that is the pin's own tree, `make canary` says so in
+    one line, and the full canary runs on that tree by its tag."""
+    pin = load_pin(REPO / "templates" / "pin.toml")
+    onto = []
+    if newer_mod.nothing_newer(pin.tag) is not None:
+        proc = subprocess.run(["make", "-s", "canary", f"CANARY_DIR={tmp_path / 'none'}"], cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0 and proc.stdout.strip() == newer_mod.nothing_newer(pin.tag)
+        onto = [f"CANARY_ONTO={newer_mod.newest(REPO / 'templates').tag}"]
+    proc = subprocess.run(["make", "-s", "canary", f"CANARY_DIR={tmp_path / 'canary'}", *onto], cwd=REPO,
                           capture_output=True, text=True, timeout=3600)
     print(proc.stdout)
     report = json.loads((tmp_path / "canary" / "canary.json").read_text())

@@ -79,7 +79,7 @@ def run(args) -> int:
     report = run_diff(base_dir, side,
                       isas=[s for s in args.isa.split(",") if s], ops=[s for s in args.ops.split(",") if s],
                       archs=not args.no_archs, jobs=args.jobs, log=print)
-    report.update({"target": name, "base": f"{pin.tag} ({pin.commit[:12]})"})
+    report.update({"target": name, "base": pin.short})
     out = root / name
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -10,5 +10,5 @@ def configure(parser):
 
 def run(args) -> int:
     ws, repo, pin, base = pipeline.prepare(options(args))
-    print(f"base {pin.tag} {pin.commit} ({base.source}, tree {base.tree[:12]}) in {ws.tree}")
+    print(f"base {pin.tag} {pin.commit or 'tree ' + pin.tree} ({base.source}, tree {base.tree[:12]}) in {ws.tree}")
     return 0

@@ -19,9 +19,10 @@ from llamacpp_mla_port.upstreaming.rebase import RebaseOptions, format_text, reb
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--onto", required=True, metavar="COMMIT|PATH|NAME==VERSION|bN|newest",
                         help="the newer upstream: a commit/tag/branch (of --git-url, default the "
-                             "pin's URL), a local clone (its HEAD), a plain llama.cpp tree, or "
-                             "(canary only) a PyPI sdist holding one: NAME==VERSION, or a tag / "
-                             "`newest` of templates/upstreams.toml")
+                             "pin's URL), a local clone (its HEAD), a plain llama.cpp tree (canary "
+                             "only), or a PyPI sdist holding one: a tag / `newest` of "
+                             "templates/upstreams.toml (the pin then names its tree), or "
+                             "NAME==VERSION (canary only)")
     parser.add_argument("--git-url", metavar="URL|PATH",
                         help="the repository holding --onto (a local clone is fastest)")
     parser.add_argument("--force", action="store_true",

@@ -54,7 +54,7 @@ def check_arch(ctx: Context) -> Iterable[Finding]:
         variant = _variant_note(ctx)
         yield Finding("arch", OK if dspark else WARNING, desc,
                       f"general.architecture = 'dflash'; *_mla keys / attn_kv_a_mqa tensors present"
-                      f"{variant}. Needs the patched llama.cpp (this port): upstream b11312 fails with "
+                      f"{variant}. Needs the patched llama.cpp (this port): the unpatched base fails with "
                       "a missing blk.0.attn_q.weight",
                       None if dspark else "a K3 DSpark draft has markov_w1/markov_w2: wrong checkpoint?")
     elif ctx.layout == "qwen3":

@@ -73,7 +73,8 @@ def export(repo: git.Repo, base_sha: str, head_sha: str, out_dir: Path, pin: Pin
     names = sorted(p.name for p in out_dir.glob("*.patch"))
     (out_dir / SERIES).write_text("".join(f"{n}\n" for n in names))
     manifest = {
-        "base": {"url": pin.url, "commit": pin.commit, "tag": pin.tag},
+        "base": {"url": pin.url, "commit": pin.commit, "tag": pin.tag,
+                 **({} if pin.commit else {"tree": pin.tree})},
         "generator": "llamacpp-mla-port",
         "apply": "git am -3 $(sed 's|^|patches/|' patches/series)",
         "patches": [patch_entry(out_dir / n) for n in names],

@@ -63,7 +63,7 @@ def prepare(opts: Options, log=print) -> tuple[Workspace, git.Repo, Pin, Base]:
     pin = opts.pin()
     base = obtain(pin, opts.source, opts.git_url, opts.sdist_file, log)
     ws = opts.workspace()
-    repo = ws.ensure(base, pin.commit, log)
+    repo = ws.ensure(base, pin.commit or pin.tag, log)
     return ws, repo, pin, base
 
 
@@ -71,7 +71,7 @@ def render(opts: Options, repo: git.Repo, pin: Pin, base: Base) -> Rendered:
     """Render every commit in memory and as commit objects; writes no files."""
     series = load_series(opts.templates_dir)
     commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p),
-                            base_label=f"{pin.tag} ({pin.commit[:12]})",
+                            base_label=pin.short,
                             extra_vars={"pin": pin})
     shas = series_mod.commit_rendered(repo, base.sha, commits, series)
     return Rendered(pin, series, base, repo, commits, shas)

@@ -70,6 +70,11 @@ def _ref(source: str, commit: str) -> str:
     return f"refs/mla-port/{source}/{commit}"
 
 
+def pin_ref(source: str, pin: Pin) -> str:
+    """Where the cache keeps the pin's base from `source` ("git" or "sdist")."""
+    return _ref(source, pin.ident)
+
+
 def _lookup(repo: git.Repo, ref: str) -> Base | None:
     try:
         sha = gitutil.run(repo, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
@@ -80,7 +85,7 @@ def _lookup(repo: git.Repo, ref: str) -> Base | None:
 
 
 def cached(pin: Pin, source: str) -> Base | None:
-    return _lookup(cache_repo(), _ref(source, pin.commit))
+    return _lookup(cache_repo(), pin_ref(source, pin))
 
 
 def _is_network_error(text: str) -> bool:
@@ -90,18 +95,20 @@ def _is_network_error(text: str) -> bool:
 
 # ---------------------------------------------------------------------------- git source
 def fetch_git(pin: Pin, url: str | None = None) -> Base:
-    """Shallow-fetch exactly pin.commit from `url` (default pin.url; a local path works)."""
+    """Shallow-fetch exactly pin.commit from `url` (default pin.url; a local path works).
+    A pin without a commit id fetches its tag and checks the tree id the pin records."""
     repo = cache_repo()
-    ref = _ref("git", pin.commit)
+    ref = pin_ref("git", pin)
     hit = _lookup(repo, ref)
     if hit:
         return hit
     url = url or pin.url
     if os.path.isdir(url):
         url = str(Path(url).resolve())
+    what = f"commit {pin.commit}" if pin.commit else f"tag {pin.tag}"
     try:
         gitutil.run(repo, "fetch", "--depth", "1", "--no-tags", "-q", url,
-                    f"+{pin.commit}:{ref}",
+                    f"+{pin.upstream_ref}:{ref}",
                     env={"GIT_HTTP_LOW_SPEED_LIMIT": "1000", "GIT_HTTP_LOW_SPEED_TIME": "30"})
     except git.GitCommandError as err:
         text = gitutil.error_text(err)
@@ -109,16 +116,22 @@ def fetch_git(pin: Pin, url: str | None = None) -> Base:
             raise NetworkError(f"cannot reach {url}: {text}",
                                "check the network, pass --git-url PATH of a local llama.cpp "
                                "clone, or use --source sdist") from None
-        raise ObtainError(f"commit {pin.commit} could not be fetched from {url}: {text}",
-                          "the pinned commit is not in that repository: check --git-url, or "
+        raise ObtainError(f"{what} could not be fetched from {url}: {text}",
+                          f"the pinned {what} is not in that repository: check --git-url, or "
                           "fetch it there first (`git fetch origin "
-                          f"{pin.commit}`)") from None
+                          f"{pin.upstream_ref}`)") from None
     base = _lookup(repo, ref)
-    if base is None or base.sha != pin.commit:
+    if pin.commit is not None and (base is None or base.sha != pin.commit):
         got = base.sha if base else "nothing"
         gitutil.run(repo, "update-ref", "-d", ref)
         raise ObtainError(f"{url} gave commit {got}, not the pinned {pin.commit}",
                           "the source is not the pinned upstream; check --git-url")
+    if pin.commit is None and (base is None or base.tree != pin.tree):
+        got = base.tree if base else "nothing"
+        gitutil.run(repo, "update-ref", "-d", ref)
+        raise ObtainError(f"{url} gave tag {pin.tag} with tree {got}, not the pinned tree "
+                          f"{pin.tree}", "the tag moved or the source is not the pinned "
+                          "upstream; check --git-url, or use --source sdist")
     return base
 
 
@@ -353,15 +366,17 @@ def _pkg_info_version(text: str) -> str | None:
 def import_sdist(pin: Pin, sdist_file: Path | None = None, log=print) -> Base:
     """Import the pin's sdist tree as one commit in the cache repo; verify its tree."""
     repo = cache_repo()
-    ref = _ref("sdist", pin.commit)
+    ref = pin_ref("sdist", pin)
     hit = _lookup(repo, ref)
     if hit:
         return hit
     archive = sdist_archive(pin, sdist_file, log)
     sd = pin.sdist
-    message = (f"llama.cpp {pin.commit} ({pin.tag}) from the PyPI sdist\n\n"
+    upstream = (f"Upstream-Commit: {pin.commit}\n" if pin.commit else
+                f"Upstream-Tag: {pin.tag}\n")
+    message = (f"llama.cpp {pin.short} from the PyPI sdist\n\n"
                f"Imported from {sd.filename} ({sd.subdir}/), sha256 {sd.sha256}.\n\n"
-               f"Upstream-Commit: {pin.commit}\n")
+               + upstream)
     return import_archive(archive, sd, ref, lambda *_: message).base
 
 

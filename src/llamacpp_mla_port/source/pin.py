@@ -1,4 +1,8 @@
-"""The pinned upstream base: one data file, templates/pin.toml."""
+"""The pinned upstream base: one data file, templates/pin.toml.
+
+A pin names its tree by an upstream commit id, or, where only a release tag and a PyPI sdist
+are known, by the tag and the sdist's git tree id: the tree id is the content itself, so a
+git fetch of the tag is checked against it as a commit would be."""
 
 from __future__ import annotations
 
@@ -27,14 +31,29 @@ class Sdist:
 @dataclass(frozen=True)
 class Pin:
     url: str
-    commit: str
+    commit: str | None    # None: the tag's commit id is not recorded; sdist.tree names the tree
     tag: str
     sdist: Sdist | None
     path: Path
 
     @property
     def short(self) -> str:
-        return f"{self.tag} ({self.commit[:12]})"
+        name = self.commit[:12] if self.commit else f"tree {(self.tree or '?')[:12]}"
+        return f"{self.tag} ({name})"
+
+    @property
+    def tree(self) -> str | None:
+        return self.sdist.tree if self.sdist else None
+
+    @property
+    def ident(self) -> str:
+        """What names the base in cache refs: the commit id, else the tag and its tree id."""
+        return self.commit or f"{self.tag}-{self.tree}"
+
+    @property
+    def upstream_ref(self) -> str:
+        """What to fetch from the upstream URL: the commit, else the tag."""
+        return self.commit or f"refs/tags/{self.tag}"
 
     def with_commit(self, commit: str, url: str | None = None) -> "Pin":
         """Another commit (e.g. `--commit`): the sdist no longer describes it."""
@@ -70,10 +89,11 @@ def load_pin(path: Path | None = None) -> Pin:
     up = _need(data, "upstream", "upstream", path) if "upstream" in data else None
     if not isinstance(up, dict):
         raise PinError(f"{path}: missing [upstream] table", "restore templates/pin.toml from git")
-    commit = str(_need(up, "commit", "upstream", path))
-    if not _SHA1.match(commit):
+    commit = str(up["commit"]) if "commit" in up else None
+    if commit is not None and not _SHA1.match(commit):
         raise PinError(f"{path}: upstream.commit {commit!r} is not a full 40-hex commit id",
-                       "pins are full commit ids, never branches or tags")
+                       "pins are full commit ids, never branches; leave `commit` out to pin "
+                       "a tag by its sdist tree id")
     sdist = None
     if "sdist" in data:
         s = data["sdist"]
@@ -81,5 +101,8 @@ def load_pin(path: Path | None = None) -> Pin:
                          ("package", "version", "filename", "sha256", "size", "subdir", "tree")})
         if not _SHA256.match(sdist.sha256):
             raise PinError(f"{path}: sdist.sha256 is not a 64-hex digest", "fix the pin")
+    if commit is None and (sdist is None or not _SHA1.match(str(sdist.tree))):
+        raise PinError(f"{path}: [upstream] has no `commit` and no [sdist] tree id names the tree",
+                       "add upstream.commit, or the [sdist] table (with `tree`) of the release")
     return Pin(url=str(_need(up, "url", "upstream", path)), commit=commit,
                tag=str(_need(up, "tag", "upstream", path)), sdist=sdist, path=path)

@@ -424,7 +424,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
     style_findings = {p.name: [str(f) for f in style.patch_findings(p.read_text())]
                       for p in patch_files}
     based_on = [s.name for s in series.base_of(rs.stack)]
-    facts = {"base": f"{pin.tag} ({pin.commit}), work-tree base {rs.base}"
+    facts = {"base": f"{pin.tag} ({pin.commit or 'tree ' + pin.tree}), work-tree base {rs.base}"
                      + (f" (the head of {' + '.join(based_on)})" if based_on else ""),
              "based_on": based_on,
              "commits": [c.message.split("\n", 1)[0] for c in rs.commits],
@@ -510,7 +510,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     if unknown:
         raise SeriesError(f"no PR stack {', '.join(unknown)} in templates/port.toml",
                           f"stacks: {', '.join(st.name for st in series.stacks)}")
-    rendered = stacks_mod.render_stacks(repo, series, base, f"{pin.tag} ({pin.commit[:12]})",
+    rendered = stacks_mod.render_stacks(repo, series, base, pin.short,
                                         {"pin": pin}, list(opts.stacks) or None)
     per_stack: dict[str, list[CommitCheck]] = {}
     upstream_checks: dict[str, dict] = {}
@@ -546,7 +546,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
             shutil.copy2(p, evidence / "series" / p.name)
     upstream_info = {
         "url": pin.url, "commit": pin.commit, "tag": pin.tag,
-        "applies_to": f"{pin.commit} (exactly: rerun `llamacpp-mla-port rebase --canary "
+        "applies_to": f"{pin.commit or pin.tag} (exactly: rerun `llamacpp-mla-port rebase --canary "
                       f"--onto <newer>` to try a newer upstream)",
         "base_in_work_tree": base, "base_tree": gitutil.run(repo, "rev-parse", f"{base}^{{tree}}"),
         "series_range": f"{base}..{head}", "source": state.get("source"),

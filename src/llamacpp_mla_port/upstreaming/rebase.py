@@ -190,19 +190,25 @@ def pin_text(old: Pin, new: Pin, old_text: str) -> str:
         header.append(line)
     while header and not header[-1].strip():
         header.pop()
-    out = header + ["", "[upstream]", f'url = "{new.url}"', f'commit = "{new.commit}"',
-                    f'tag = "{new.tag}"', ""]
+    commit = [f'commit = "{new.commit}"'] if new.commit else [
+        "# No `commit`: upstream's commit id for this tag is not recorded in any source this",
+        "# tool reaches; the [sdist] tree id names the tree, and a git fetch of the tag is",
+        "# checked against it."]
+    out = header + ["", "[upstream]", f'url = "{new.url}"', *commit, f'tag = "{new.tag}"', ""]
     sd = new.sdist
-    if sd is not None:
+    if sd is not None and new.commit is None:
+        out += ["# The tree of the tag, shipped inside a PyPI source distribution.", "[sdist]"]
+    elif sd is not None:
         out += ["# The same tree, shipped inside a PyPI source distribution (kept: the new commit's",
-                "# tree is the one this sdist vendors).", "[sdist]",
-                f'package = "{sd.package}"', f'version = "{sd.version}"',
+                "# tree is the one this sdist vendors).", "[sdist]"]
+    if sd is not None:
+        out += [f'package = "{sd.package}"', f'version = "{sd.version}"',
                 f'filename = "{sd.filename}"', f'sha256 = "{sd.sha256}"', f"size = {sd.size}",
                 f'subdir = "{sd.subdir}"', f'tree = "{sd.tree}"', ""]
     elif old.sdist is not None:
         o = old.sdist
         out += [f"# No [sdist]: `llamacpp-mla-port rebase` moved the pin from {old.tag} "
-                f"({old.commit[:12]}).",
+                f"({(old.commit or old.tree)[:12]}).",
                 f"# The PyPI sdist {o.package} {o.version} vendors that commit, not this one, so "
                 "the",
                 "# offline fallback of `--source auto` is off until the [sdist] table "
@@ -277,6 +283,17 @@ class RebaseOptions:
         return resolve_target(self.onto, self.git_url, pin, self.tag, self.templates_dir, log=log)
 
 
+def _moved_pin(pin: Pin, target: Target) -> Pin | None:
+    """The pin naming `target`: its commit, else its recorded sdist and tree (None: neither)."""
+    if target.commit is not None:
+        return dataclasses.replace(pin, commit=target.commit, tag=target.tag,
+                                   sdist=pin.sdist if pin.sdist and
+                                   target.base.tree == pin.sdist.tree else None)
+    if target.sdist is not None and target.build is not None:
+        return dataclasses.replace(pin, commit=None, tag=target.tag, sdist=target.sdist)
+    return None
+
+
 def _old_base(pin: Pin, opts: RebaseOptions, log) -> Base | None:
     hit = obtain.cached(pin, "git") or obtain.cached(pin, "sdist")
     if hit:
@@ -286,7 +303,7 @@ def _old_base(pin: Pin, opts: RebaseOptions, log) -> Base | None:
 
 def _render_commits(repo: git.Repo, series: Series, base: Base, pin: Pin) -> list[str]:
     commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p),
-                            base_label=f"{pin.tag} ({pin.commit[:12]})", extra_vars={"pin": pin})
+                            base_label=pin.short, extra_vars={"pin": pin})
     return series_mod.commit_rendered(repo, base.sha, commits, series)
 
 
@@ -296,9 +313,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     series = load_series(opts.templates_dir)
     target = target or opts.target(pin, log)
     rel = relation(pin, target)
-    new_pin = dataclasses.replace(pin, commit=target.commit or pin.commit, tag=target.tag,
-                                  sdist=pin.sdist if pin.sdist and
-                                  target.base.tree == pin.sdist.tree else None)
+    new_pin = _moved_pin(pin, target)
     old_info = {"commit": pin.commit, "tag": pin.tag}
     onto_info = {"commit": target.commit, "tag": target.tag, "url": target.url,
                  "source": target.base.source, "tree": target.base.tree, "build": target.build,
@@ -306,10 +321,11 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     ws = Workspace(project.places(work_dir=opts.work_dir).work_dir)
 
     if not opts.canary:
-        if target.commit is None:
-            raise PinError(f"{opts.onto} is a plain tree: it has no commit id the pin could name",
-                           "try it with --canary, or pass the commit in a clone "
-                           "(--onto COMMIT --git-url PATH)")
+        if new_pin is None:
+            raise PinError(f"{opts.onto} is a plain tree: it has no commit id or recorded sdist "
+                           "the pin could name", "try it with --canary, pass the commit in a "
+                           "clone (--onto COMMIT --git-url PATH), or record its sdist as a "
+                           "[[tree]] row of templates/upstreams.toml")
         if rel == "older" and not opts.force:
             raise PinError(f"{target.label} is OLDER than the pinned {pin.short}: the pin moves "
                            "forward only", "pass a newer commit, or --force to go back on purpose")
@@ -344,6 +360,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
                               pin.short, {"pin": pin}, names)
     baseline = {r.change: r.present for r in old_reports if r.present is not None} \
         if old_reports and not any(r.failed for r in old_reports) else None
+    new_pin = new_pin or dataclasses.replace(pin, commit=None, tag=target.tag, sdist=None)
     reports = analyse(series, lambda p: gitutil.read_blob(cache, target.base.sha, p),
                       target.label, {"pin": new_pin}, names, baseline)
     old_lines = {r.change: r.line for r in old_reports if r.status == "ok"}
@@ -379,7 +396,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
             notes.append(f"no range-diff: the old series does not render at {pin.short} "
                          f"({getattr(err, 'message', None) or gitutil.error_text(err)})")
     with tempfile.TemporaryDirectory(prefix="mla-port-rebase-") as tmp:
-        export_pin = new_pin if target.commit else pin
+        export_pin = new_pin if _moved_pin(pin, target) else pin
         patches = series_mod.export(cache, target.base.sha, new_shas[-1], Path(tmp), export_pin,
                                     series)
         if opts.canary or rel == "same":
@@ -400,8 +417,12 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
             # Workspace.ensure moves the base branch but leaves HEAD on the old series,
             # which pipeline.patch would then refuse as a commit it did not make
             gitutil.run(ws.repo(), "checkout", "-q", BASE_BRANCH)
+            if target.commit is None:   # the pin names the imported sdist tree: cache it so
+                gitutil.run(cache, "update-ref", obtain.pin_ref("sdist", new_pin),
+                            target.base.sha)
             pipeline.patch(pipeline.Options(work_dir=ws.work_dir, patches_dir=opts.patches_dir,
-                                            templates_dir=opts.templates_dir, source="git",
+                                            templates_dir=opts.templates_dir,
+                                            source="git" if target.commit else "sdist",
                                             git_url=target.url), log=log)
         except PortError as err:
             notes.append(f"the pin and patches/ moved, but the work tree {ws.tree} was not "
@@ -443,7 +464,7 @@ def format_text(o: Outcome) -> str:
         out.append("nothing was written: these changes are already upstream; drop them (or "
                    f"the whole folder) from templates/series/ ({', '.join(slugs)}), then rerun")
     elif o.status == "rebased":
-        out.append(f"pin moved to {o.onto['tag']} ({o.onto['commit']}); patches/ re-exported "
+        out.append(f"pin moved to {o.onto['tag']} ({o.onto['commit'] or 'tree ' + o.onto['tree'][:12]}); patches/ re-exported "
                    f"({len(o.patches)} patches)")
     elif o.status == "up-to-date":
         out.append("the pin is already at that commit: nothing to do")

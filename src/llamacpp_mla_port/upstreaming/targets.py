@@ -3,6 +3,7 @@ tree), imported into the cache repository, and how it relates to the pinned comm
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
@@ -15,7 +16,7 @@ from llamacpp_mla_port import gitutil
 from llamacpp_mla_port.errors import PinError
 from llamacpp_mla_port.source import newer as newer_mod, obtain
 from llamacpp_mla_port.source.obtain import Base
-from llamacpp_mla_port.source.pin import Pin
+from llamacpp_mla_port.source.pin import Pin, Sdist
 
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 
@@ -30,6 +31,7 @@ class Target:
     local_repo: Path | None      # a local clone holding its history, for ancestry checks
     build: int | None = None     # llama.cpp build number (bN), when known
     origin: dict = field(default_factory=dict)   # where the tree came from, for the report
+    sdist: Sdist | None = None   # the recorded PyPI sdist it came from (a pin can name it)
 
     @property
     def label(self) -> str:
@@ -144,8 +146,10 @@ def _import_newer(newer: newer_mod.NewerTree, tag: str | None, sdist_file: Path 
               "build_from": newer.build_from}
     if not newer.recorded:
         origin["record_with"] = newer_mod.row_text(newer, got.base.tree, got.subdir)
+    recorded = dataclasses.replace(newer.sdist, subdir=got.subdir, tree=got.base.tree) \
+        if newer.recorded else None
     return Target(base=got.base, commit=None, tag=tag or newer.tag, url=None, local_repo=None,
-                  build=newer.build, origin=origin)
+                  build=newer.build, origin=origin, sdist=recorded)
 
 
 def _import_tree(path: Path, tag: str | None) -> Target:
@@ -171,8 +175,10 @@ def _import_tree(path: Path, tag: str | None) -> Target:
 
 def relation(pin: Pin, target: Target) -> str:
     """same | descendant | older | unrelated | unknown (a plain tree has no history)."""
-    if target.commit is None:
-        return "unknown"
+    if pin.commit is None and target.base.tree == pin.tree:
+        return "same"          # a tag pin is its tree
+    if target.commit is None or pin.commit is None:
+        return _relation_by_build(pin, target)
     if target.commit == pin.commit:
         return "same"
     if target.local_repo is not None:
@@ -186,6 +192,16 @@ def relation(pin: Pin, target: Target) -> str:
         except git.GitCommandError:
             return "unknown"
         return _relation_in(Path(tmp), pin.commit, target.commit)
+
+
+def _relation_by_build(pin: Pin, target: Target) -> str:
+    """Two release tags bN: N counts master's commits, so the higher one descends."""
+    old = int(pin.tag[1:]) if re.fullmatch(r"b\d+", pin.tag) else None
+    if old is None or target.build is None or not re.fullmatch(r"b\d+", target.tag):
+        return "unknown"
+    if target.build == old:
+        return "same"
+    return "descendant" if target.build > old else "older"
 
 
 def _relation_in(repo: Path, old: str, new: str) -> str:
