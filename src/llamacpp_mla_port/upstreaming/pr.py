@@ -45,7 +45,7 @@ from llamacpp_mla_port.series import pipeline, stacks as stacks_mod
 from llamacpp_mla_port.series.spec import Stack, load_series
 from llamacpp_mla_port.series.worktree import Workspace
 from llamacpp_mla_port.source.pin import load_pin
-from llamacpp_mla_port.upstreaming import style
+from llamacpp_mla_port.upstreaming import style, walkthrough
 from llamacpp_mla_port.upstreaming.lint import (EditorConfig, Finding, flake8_findings, introduced, tree_checks,
                                                 whitespace_findings)
 
@@ -390,7 +390,8 @@ def stack_checklist(template: str | None, stack: Stack, checks: dict) -> str:
            "(never `Co-authored-by:`)",
            "- [ ] Search upstream's open issues and PRs for the same change first (a feature "
            "starts from an issue, CONTRIBUTING.md)",
-           "- [ ] Understand and be able to defend every line without help",
+           "- [ ] Understand and be able to defend every line without help: WALKTHROUGH.md "
+           "lists every hunk with its questions (for your reading, not text to post)",
            "- [ ] Open the PR yourself: the tool never pushes or submits anything", ""]
     return text.replace("## The tree's pull request template", "\n".join(own) +
                         "\n## The tree's pull request template", 1)
@@ -453,6 +454,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
     (folder / EVIDENCE).write_text(evidence_markdown(rs.stack, entries, facts, upstream))
     (folder / DESCRIPTION).write_text(description_skeleton(template, rs.stack, facts))
     (folder / "CHECKLIST.md").write_text(stack_checklist(template, rs.stack, checks))
+    walkthrough.write(folder, rs.stack, repo, rs.base)
     log(f"pr: {folder} ({'ok' if ok else 'SOME CHECKS FAIL'}): {len(rs.shas)} commits, "
         f"+{stat['added']}/-{stat['removed']}")
     return {"ok": ok, "folder": str(folder), "checks": checks, "added": stat["added"],
