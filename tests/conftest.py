@@ -6,6 +6,7 @@ tests never rewrite the checked-in patches/). `llama_build`: its CMake build dir
 with the RPC backend (`make build`'s one configuration).
 MLA_PORT_TREE / MLA_PORT_BUILD point both at another tree/build (development; read through
 project.env, so the old LLAMACPP_MLA_PORT_* names work too).
+`--update-golden` rewrites the golden files the run compares (tests/helpers/golden.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,17 @@ from llamacpp_mla_port import project
 from llamacpp_mla_port.series import pipeline
 from llamacpp_mla_port.source import obtain
 from llamacpp_mla_port.source.pin import load_pin
+from tests.helpers import golden
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite the golden files (tests/golden/) that differ from this run's output; "
+                          f"each rewritten file still fails its test (also: {golden.ENV_VAR}=1)")
+
+
+def pytest_configure(config):
+    golden.UPDATE = config.getoption("--update-golden")
 
 
 @pytest.fixture(scope="session")
