@@ -19,8 +19,13 @@ _CHANGE_KEYS = {"file", "anchor", "within", "within_end", "placement", "template
                 "vars"}
 _COMMIT_KEYS = {"vars", "change", "stack"}
 _STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-_STACK_KEYS = {"title", "summary", "evidence", "depends"}
+_STACK_KEYS = {"title", "summary", "evidence", "depends", "upstream", "comment_on", "order",
+               "issue_first", "overlaps", "issue_facts"}
 _EVIDENCE_KEYS = {"claim", "command"}
+_OVERLAP_KEYS = {"ref", "relation"}
+#: what a stack becomes upstream: its own pull request, or a comment on an open one
+UPSTREAM_FORMS = ("pr", "comment")
+_REF = re.compile(r"^#[1-9]\d*$")
 #: upstream's commit title, `<module> : <title>`: the one rule that render and the PR kit's style
 #: check (upstreaming/style.py) apply
 TITLE = re.compile(r"^(?P<module>[a-z0-9][a-z0-9_.+/-]*) : (?P<title>\S.*)$")
@@ -55,6 +60,12 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class Overlap:
+    ref: str                 # open (or deliberate) upstream work, "#27478"
+    relation: str            # one line: how the stack relates to it
+
+
+@dataclass(frozen=True)
 class Stack:
     """One pull request upstream would get: series commits, in series order, that apply
     alone on the pinned base (port.toml [stacks.NAME])."""
@@ -64,6 +75,13 @@ class Stack:
     summary: str = ""
     evidence: tuple[Evidence, ...] = ()
     depends: tuple[str, ...] = ()   # stacks (earlier in port.toml) this PR is based on
+    # the plan (upstreaming/plan.py, PLAN.md); never part of the patch text
+    upstream: str = "pr"     # "pr": a pull request of ours; "comment": a comment on `comment_on`
+    comment_on: int | None = None   # the open upstream PR a "comment" stack contributes to
+    order: int = 0           # when a new contributor (one open PR at a time) opens it, from 1
+    issue_first: bool = False        # a feature: an upstream issue comes before the PR
+    overlaps: tuple[Overlap, ...] = ()
+    issue_facts: tuple[str, ...] = ()   # facts the issue cites (ISSUE-SKELETON.md)
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,10 @@ class Series:
         slugs = {s for st in stacks for s in st.commits}
         kept = tuple(c for c in self.commits if c.slug in slugs)
         return dataclasses.replace(self, commits=kept)
+
+    def in_order(self) -> tuple[Stack, ...]:
+        """The stacks in the order a new contributor opens them (port.toml `order`)."""
+        return tuple(sorted(self.stacks, key=lambda st: st.order))
 
     def slugs(self) -> tuple[str, ...]:
         return tuple(c.slug for c in self.commits)
@@ -247,5 +269,67 @@ def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
         out.append(Stack(name=name, title=table["title"], commits=members, depends=tuple(depends),
                          summary=table.get("summary", ""),
                          evidence=tuple(Evidence(e["claim"], e["command"])
-                                        for e in table.get("evidence", []))))
-    return tuple(out)
+                                        for e in table.get("evidence", [])),
+                         **_plan_keys(path, name, table, names.index(name) + 1)))
+    return _check_plan(path, tuple(out), [n for n in names if "order" not in raw[n]])
+
+
+def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:
+    """[stacks.NAME]'s plan keys, checked: upstream, comment_on, order, issue_first, overlaps,
+    issue_facts (without `order`, _check_plan places the stack after the ordered ones)."""
+    def bad(key: str, fix: str) -> PortDescriptionError:
+        return PortDescriptionError(f"{path}: [stacks.{name}] {key} = {table.get(key)!r}", fix)
+
+    upstream = table.get("upstream", "pr")
+    if upstream not in UPSTREAM_FORMS:
+        raise bad("upstream", f"one of {', '.join(map(repr, UPSTREAM_FORMS))}: \"pr\" opens a pull "
+                  "request, \"comment\" contributes to an open upstream PR named by `comment_on`")
+    comment_on = table.get("comment_on")
+    if upstream == "comment" and (type(comment_on) is not int or comment_on < 1):
+        raise bad("comment_on", "a stack with upstream = \"comment\" names the upstream PR it "
+                  "comments on: comment_on = 26724 (a PR number)")
+    if upstream == "pr" and comment_on is not None:
+        raise bad("comment_on", "only a stack with upstream = \"comment\" takes `comment_on`: "
+                  "drop it, or set upstream = \"comment\"")
+    order = table.get("order", position)
+    if type(order) is not int or order < 1:
+        raise bad("order", "a whole number from 1: the place in the sequence a new contributor "
+                  "opens the stacks in")
+    issue_first = table.get("issue_first", False)
+    if not isinstance(issue_first, bool):
+        raise bad("issue_first", "true or false: true when upstream wants an issue before the PR")
+    if issue_first and upstream == "comment":
+        raise bad("issue_first", "a comment on an open PR needs no issue of its own: drop it")
+    overlaps = table.get("overlaps", [])
+    if not isinstance(overlaps, list) or any(
+            not isinstance(o, dict) or set(o) != _OVERLAP_KEYS or not _REF.match(str(o["ref"]))
+            or not str(o["relation"]).strip() or "\n" in str(o["relation"]) for o in overlaps):
+        raise bad("overlaps", 'a list of {ref = "#27478", relation = "one line"}: ref an upstream '
+                  "PR or issue number with its #, relation one non-empty line")
+    facts = table.get("issue_facts", [])
+    if not isinstance(facts, list) or not all(isinstance(f, str) and f.strip() for f in facts):
+        raise bad("issue_facts", "a list of non-empty strings, each a fact the issue cites")
+    return {"upstream": upstream, "comment_on": comment_on, "order": order,
+            "issue_first": issue_first, "issue_facts": tuple(facts),
+            "overlaps": tuple(Overlap(o["ref"], o["relation"].strip()) for o in overlaps)}
+
+
+def _check_plan(path: Path, stacks: tuple[Stack, ...], unordered: list[str]) -> tuple[Stack, ...]:
+    """Across the stacks: each its own `order`, after the stacks it is based on. A stack
+    without `order` comes after every stack with one, in port.toml order."""
+    last = max((st.order for st in stacks if st.name not in unordered), default=0)
+    stacks = tuple(dataclasses.replace(st, order=last + 1 + unordered.index(st.name))
+                   if st.name in unordered else st for st in stacks)
+    seen: dict[int, str] = {}
+    by_name = {st.name: st for st in stacks}
+    for st in stacks:
+        if st.order in seen:
+            raise PortDescriptionError(f"{path}: [stacks.{st.name}] order = {st.order} is also "
+                                       f"[stacks.{seen[st.order]}]'s", "give each stack its own order")
+        seen[st.order] = st.name
+        for dep in st.depends:
+            if by_name[dep].order > st.order:
+                raise PortDescriptionError(f"{path}: [stacks.{st.name}] order = {st.order} comes "
+                                           f"before {dep} (order = {by_name[dep].order}), which it "
+                                           "is based on", f"give {st.name} an order after {dep}'s")
+    return stacks
