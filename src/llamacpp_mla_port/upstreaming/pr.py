@@ -20,7 +20,7 @@ disclosure to be the contributor's own). Steps:
    commits checked and built in order from the base, upstream's style rules on its
    messages and added lines, EVIDENCE.md (each claim, the command behind it, its result),
    DESCRIPTION-SKELETON.md (the PR template's sections with placeholders: the words are the
-   author's, the tool writes no description) and CHECKLIST.md.
+   author's) and CHECKLIST.md; plan.py: COMMENT-KIT.md, ISSUE-SKELETON.md, pr/PLAN.md.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from llamacpp_mla_port.series import pipeline, stacks as stacks_mod
 from llamacpp_mla_port.series.spec import Stack, load_series
 from llamacpp_mla_port.series.worktree import Workspace
 from llamacpp_mla_port.source.pin import load_pin
-from llamacpp_mla_port.upstreaming import style, walkthrough
+from llamacpp_mla_port.upstreaming import plan, style, walkthrough
 from llamacpp_mla_port.upstreaming.lint import (EditorConfig, Finding, flake8_findings, introduced, tree_checks,
                                                 whitespace_findings)
 
@@ -413,8 +413,8 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
                        series, commits: list[CommitCheck], proof: dict, template: str | None,
                        opts: "PrOptions", patches_match: bool, upstream: dict | None,
                        log=print) -> dict:
-    """<work-dir>/pr/<stack>/: patches/, squashed.patch, checks.json, EVIDENCE.md,
-    evidence.json, DESCRIPTION-SKELETON.md, CHECKLIST.md (rewritten whole)."""
+    """<work-dir>/pr/<stack>/ (rewritten whole): patches/, squashed.patch, checks.json, EVIDENCE.md,
+    evidence.json, DESCRIPTION-SKELETON.md, CHECKLIST.md, WALKTHROUGH.md and plan.write_stack_docs'."""
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -455,6 +455,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
     (folder / DESCRIPTION).write_text(description_skeleton(template, rs.stack, facts))
     (folder / "CHECKLIST.md").write_text(stack_checklist(template, rs.stack, checks))
     walkthrough.write(folder, rs.stack, repo, rs.base)
+    plan.write_stack_docs(repo, rs.base, rs.stack, folder, entries, facts["commits"])
     log(f"pr: {folder} ({'ok' if ok else 'SOME CHECKS FAIL'}): {len(rs.shas)} commits, "
         f"+{stat['added']}/-{stat['removed']}")
     return {"ok": ok, "folder": str(folder), "checks": checks, "added": stat["added"],
@@ -588,11 +589,12 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
         if not entry["ok"]:
             results["ok"] = False
     results["stacks"] = pr_folders
+    plan_path = plan.write_plan(series, pr_folders, ws.work_dir / "pr")
     (evidence / "checks.json").write_text(json.dumps(results, indent=2) + "\n")
     skipped = [k for k, v in checks.items() if v is None]
     verdict = "all checks that ran pass" if results["ok"] else "SOME CHECKS FAIL"
     log(f"pr: evidence in {evidence} ({verdict}"
         f"{'; skipped: ' + ', '.join(skipped) if skipped else ''}; complete CHECKLIST.md "
         "yourself); PR folders: " + ", ".join(str(ws.work_dir / "pr" / n) for n in pr_folders)
-        + "; nothing was pushed")
+        + f"; the order to open them: {plan_path}; nothing was pushed")
     return {"evidence": evidence, **results}
