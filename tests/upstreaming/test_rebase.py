@@ -248,3 +248,12 @@ def test_rebase_verb_has_help():
     assert out.returncode == 0
     for flag in ("--onto", "--git-url", "--force", "--canary", "--json"):
         assert flag in out.stdout
+
+
+def test_the_text_report_names_a_tag_pin_by_its_tree():
+    """A pin without a commit id is named by its tree on the old side, as the new side is."""
+    from llamacpp_mla_port.upstreaming.rebase import Outcome, format_text
+    tree = "27d5f643d32b32ff0a28caf6eb53a7612bc5de96"
+    o = Outcome(ok=True, status="up-to-date", old={"commit": None, "tag": "b11434", "tree": tree},
+                onto={"commit": None, "tag": "b11434", "tree": tree}, relation="same", changes=[])
+    assert format_text(o).splitlines()[0] == "rebase b11434 (27d5f643d32b) -> b11434 (27d5f643d32b): same"

@@ -92,3 +92,12 @@ def test_the_real_stacks_render_one_section_per_hunk():
     assert text.count("\n### `") == n_hunks > 5
     assert text.count("TODO(owner): which upstream code does it follow") == sum(
         1 for c in commits for h in c.hunks if not h.path.startswith("tests/"))
+
+
+def test_a_commit_without_a_body_is_a_question_not_its_diffstat(tmp_path):
+    repo, base = _repo(tmp_path)
+    _commit(repo, {"src/a.cpp": "int only_subject_here;\n"}, "model : a subject alone")
+    gitutil.run(repo, "format-patch", "-q", "--zero-commit", "-o", str(tmp_path / "p"), f"{base}..HEAD")
+    commit = walkthrough.parse_patch(next((tmp_path / "p").glob("*.patch")).read_text())
+    assert commit.subject == "model : a subject alone" and commit.body == ""
+    assert "TODO(owner): the commit has no body." in walkthrough.render(STACK, sorted((tmp_path / "p").glob("*.patch")))

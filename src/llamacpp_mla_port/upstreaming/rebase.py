@@ -314,7 +314,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     target = target or opts.target(pin, log)
     rel = relation(pin, target)
     new_pin = _moved_pin(pin, target)
-    old_info = {"commit": pin.commit, "tag": pin.tag}
+    old_info = {"commit": pin.commit, "tag": pin.tag, "tree": pin.tree}
     onto_info = {"commit": target.commit, "tag": target.tag, "url": target.url,
                  "source": target.base.source, "tree": target.base.tree, "build": target.build,
                  "origin": target.origin}
@@ -440,7 +440,7 @@ def _label(tag: str, commit: str | None, tree: str) -> str:
 
 
 def format_text(o: Outcome) -> str:
-    out = [f"rebase {_label(o.old['tag'], o.old['commit'], '')} -> "
+    out = [f"rebase {_label(o.old['tag'], o.old['commit'], o.old.get('tree') or '')} -> "
            f"{_label(o.onto['tag'], o.onto['commit'], o.onto['tree'])}: {o.relation}"]
     last = None
     for c in o.changes:

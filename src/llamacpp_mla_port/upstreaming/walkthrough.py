@@ -62,7 +62,7 @@ def parse_patch(text: str, base_text=lambda path: "") -> Commit:
     the file on the base, so that only what the hunk brings new is followed to the tests."""
     head, _, rest = text.partition("\n\n")
     subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", _header(head, "Subject"))
-    body = rest.split("\n---\n", 1)[0].strip()
+    body = ("\n" + rest).split("\n---\n", 1)[0].strip()     # no body: "---" comes first
     commit = Commit(subject=subject, body=body)
     for pf in unidiff.PatchSet(text):
         marks = _COMMENT.get(Path(pf.path).suffix, ("//", "/*", "*"))
