@@ -219,8 +219,9 @@ def test_make_pr_writes_the_evidence_folder(world, tmp_path):
         folder = p.work / "pr" / name
         assert result["stacks"][name]["ok"] and result["stacks"][name]["folder"] == str(folder)
         names = sorted(x.name for x in folder.iterdir())
-        assert names == ["CHECKLIST.md", "DESCRIPTION-SKELETON.md", "EVIDENCE.md", "checks.json",
-                         "evidence.json", "patches", "squashed.patch"]
+        assert names == ["CHECKLIST.md", "DESCRIPTION-SKELETON.md", "EVIDENCE.md", "WALKTHROUGH.md",
+                         "checks.json", "evidence.json", "patches", "squashed.patch"]
+        assert (folder / "WALKTHROUGH.md").read_text().count("\n### `") >= 1
         assert (folder / "patches" / "series").read_text().count(".patch") == 1
     graph = p.work / "pr" / "graph-demo"
     sq = (graph / "squashed.patch").read_text()
