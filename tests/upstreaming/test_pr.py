@@ -156,6 +156,32 @@ def test_every_commit_is_built_and_linted_on_its_own(tmp_path, base_files):
     assert [r.build_ok for r in again] == [None, None, None] and len(seen) == 3
 
 
+def test_a_commit_that_edits_ggml_or_its_tools_builds_them_too(tmp_path, base_files):
+    """test-backend-ops for a ggml or test-backend-ops edit, llama-bench for its own; the
+    control: a commit elsewhere builds the PR targets only."""
+    repo = _tree(tmp_path, base_files, {"CMakeLists.txt": "project(x)\n"})
+    gitutil.run(repo, "init", "-q", ".")
+    gitutil.run(repo, "add", "-A")
+    gitutil.run(repo, "commit", "-q", "-m", "base", env=IDENT)
+    base = gitutil.run(repo, "rev-parse", "HEAD")
+    for n, name in enumerate(["src/a.cpp", "ggml/src/ggml-cpu/ops.cpp", "tests/test-backend-ops.cpp",
+                              "tools/llama-bench/llama-bench.cpp"]):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(f"int v{n};\n")
+        gitutil.run(repo, "add", "-A")
+        gitutil.run(repo, "commit", "-q", "-m", f"x : commit {n}", env=IDENT)
+    seen = []
+    check_commits(repo, base, gitutil.run(repo, "rev-parse", "HEAD"), tmp_path / "co", tmp_path / "b",
+                  ["llama", "test-backend-ops"], lambda tree, build_dir, targets: seen.append(targets),
+                  log=lambda *_: None)
+    assert seen[0] == ["llama", "test-backend-ops"]
+    seen = []
+    check_commits(repo, base, gitutil.run(repo, "rev-parse", "HEAD"), tmp_path / "co", tmp_path / "b",
+                  ["llama"], lambda tree, build_dir, targets: seen.append(targets), log=lambda *_: None)
+    assert seen == [["llama"], ["llama", "test-backend-ops"], ["llama", "test-backend-ops"],
+                    ["llama", "llama-bench"]]
+
+
 # ------------------------------------------------------------------------------ checklist
 def test_checklist_mirrors_the_pr_template_and_leaves_disclosure_to_the_author(base_files):
     template = base_files[".github/pull_request_template.md"]

@@ -42,6 +42,7 @@ from llamacpp_mla_port import gitutil, project
 from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG, TARGET_SETS
 from llamacpp_mla_port.errors import PortError, SeriesError, WorkTreeError
 from llamacpp_mla_port.series import pipeline, stacks as stacks_mod
+from llamacpp_mla_port.series.gitseries import read_series
 from llamacpp_mla_port.series.spec import Stack, load_series
 from llamacpp_mla_port.series.worktree import Workspace
 from llamacpp_mla_port.source.pin import load_pin
@@ -77,6 +78,9 @@ BuildFn = Callable[[Path, Path, list[str]], object]
 #: upstream CI's CPU build (.github/workflows/build-cpu.yml, with the RPC backend): not native,
 #: so a compiler's own header warnings on this CPU (GCC 12 avx512fintrin.h) fail no stack
 PR_CMAKE_ARGS = ("-DGGML_NATIVE=OFF", "-DLLAMA_FATAL_WARNINGS=ON")
+#: upstream's own tools a commit must build as well when it edits what they build or test
+TOOL_TARGETS = (("ggml/", "test-backend-ops"), ("tests/test-backend-ops.cpp", "test-backend-ops"),
+                ("tools/llama-bench/", "llama-bench"))
 
 
 def commit_build(jobs: int | None) -> BuildFn:
@@ -141,7 +145,8 @@ def check_commits(repo: Path, base: str, head: str, checkout: Path, build_dir: P
             t0 = time.monotonic()
             (build_dir / BUILD_LOG).unlink(missing_ok=True)   # never read a stale log
             try:
-                build(checkout, build_dir, list(targets))
+                build(checkout, build_dir, list(targets) + sorted(
+                    {t for pre, t in TOOL_TARGETS if any(f.startswith(pre) for f in files)} - set(targets)))
                 check.build_ok = True
             except PortError as err:
                 check.build_ok = False
@@ -421,7 +426,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
     stacks_mod.export_stack(repo, rs, folder, pin, series)
     applied = stacks_mod.verify(repo, rs, folder)
     stat = stacks_mod.diffstat(repo, rs.base, rs.head)
-    patch_files = series_mod_read(folder / "patches") + [folder / stacks_mod.SQUASHED]
+    patch_files = read_series(folder / "patches") + [folder / stacks_mod.SQUASHED]
     style_findings = {p.name: [str(f) for f in style.patch_findings(p.read_text())]
                       for p in patch_files}
     based_on = [s.name for s in series.base_of(rs.stack)]
@@ -461,11 +466,6 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
     return {"ok": ok, "folder": str(folder), "checks": checks, "added": stat["added"],
             "removed": stat["removed"], "commits": facts["commits"],
             "evidence": [{k: e[k] for k in ("claim", "command", "status")} for e in entries]}
-
-
-def series_mod_read(patches_dir: Path) -> list[Path]:
-    from llamacpp_mla_port.series.gitseries import read_series
-    return read_series(patches_dir)
 
 
 # ------------------------------------------------------------------------------ the kit
