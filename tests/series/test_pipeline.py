@@ -57,6 +57,24 @@ def test_checked_in_patches_match_a_fresh_render(opts):
     opts.patches_dir = PATCHES_DIR
     diff = pipeline.check(opts, log=lambda *_: None)
     assert diff == "", "patches/ drifted from templates/ (run `make patch`):\n" + diff
+    assert not opts.work_dir.exists()        # read-only: no work tree made
+
+
+def test_check_never_moves_a_work_tree_on_another_base(opts, tmp_path):
+    """A work tree standing on another base (an older pin) is left where it is; the control:
+    `patch` with the same options does move it."""
+    ws, repo, pin, base = pipeline.prepare(opts, log=lambda *_: None)
+    gitutil.run(repo, "checkout", "-q", "-b", "elsewhere")
+    (Path(repo.working_tree_dir) / "README.md").write_text("mine\n")
+    gitutil.run(repo, "commit", "-q", "-am", "another base",
+                env=gitutil.identity_env("a", "a@a", "2026-01-01T00:00:00Z"))
+    other = gitutil.run(repo, "rev-parse", "HEAD")
+    ws.save_state(**{**ws.state(), "base": other})
+    opts.patches_dir = PATCHES_DIR
+    assert pipeline.check(opts, log=lambda *_: None) == ""
+    assert gitutil.run(repo, "rev-parse", "HEAD") == other and ws.state()["base"] == other
+    pipeline.prepare(opts, log=lambda *_: None)
+    assert gitutil.run(repo, "rev-parse", "HEAD") == base.sha and ws.state()["base"] == base.sha
 
 
 def test_rendering_twice_is_byte_identical(opts, tmp_path):

@@ -17,7 +17,7 @@ from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.render import RenderedCommit, render_series
 from llamacpp_mla_port.series.spec import Series, load_series
 from llamacpp_mla_port.series.worktree import Workspace, apply_series
-from llamacpp_mla_port.source.obtain import Base, obtain
+from llamacpp_mla_port.source.obtain import Base, cache_repo, obtain
 from llamacpp_mla_port.source.pin import Pin, load_pin
 
 
@@ -113,9 +113,11 @@ def _commits(repo: git.Repo, base: str, head: str) -> str:
 
 
 def check(opts: Options, log=print) -> str:
-    """The drift between checked-in patches/ and a fresh render ('' when none)."""
-    ws, repo, pin, base = prepare(opts, log)
-    r = render(opts, repo, pin, base)
+    """The drift between checked-in patches/ and a fresh render ('' when none). Read-only:
+    it renders in the cache repository and never creates or moves the work tree."""
+    pin = opts.pin()
+    base = obtain(pin, opts.source, opts.git_url, opts.sdist_file, log)
+    r = render(opts, cache_repo(), pin, base)
     with tempfile.TemporaryDirectory(prefix="mla-port-check-") as tmp:
         export_fresh(r, Path(tmp))
         return series_mod.drift(Path(tmp), opts.patches_dir)
