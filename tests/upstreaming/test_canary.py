@@ -592,7 +592,7 @@ def test_make_canary_on_the_newest_known_upstream(tmp_path):
         assert re.search(rf"^  {stage} +ok ", proc.stdout, re.M), stage
     assert [s["stack"] for s in report["stages"]["stacks"]["stacks"]] == ["rpc", "pair-check", "mla-draft",
                                                                          "loader-probe", "cpu-q0-odd-columns",
-                                                                         "cpu-gemv-tiles", "cpu-fa-kv-head-tiles"]
+                                                                         "cpu-fa-kv-head-tiles"]
     assert report["stages"]["anchor"]["found"] == report["stages"]["anchor"]["changes"]
     figures = report["stages"]["proof"]["figures"]
     assert figures["lossless_runs"]["identical"] == figures["lossless_runs"]["runs"] == 28
