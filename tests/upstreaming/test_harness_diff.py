@@ -49,6 +49,23 @@ def test_archs_table_is_read_per_case():
                    "gemma2|Intel(R) Xeon(R) Processor|Dense": "FAIL"}     # the roundtrip failed
 
 
+#: b11434's table: a "Mixed batch" column after the roundtrip
+ARCHS_OUT_MIXED = """\
+|     Model arch.|                    Device|Config|   NMSE vs. CPU|Roundtrip|    Mixed batch|
+|----------------|--------------------------|------|---------------|---------|---------------|
+|           qwen3|Intel(R) Xeon(R) Processor| Dense|  \x1b[1;32mOK\x1b[0m (0.00e+00)|       \x1b[1;32mOK\x1b[0m|  \x1b[1;32mOK\x1b[0m (0.00e+00)|
+|           qwen3|                      Meta| Dense|\x1b[1;33mSKIP\x1b[0m           |     \x1b[1;33mSKIP\x1b[0m|\x1b[1;33mSKIP\x1b[0m           |
+|           llama|Intel(R) Xeon(R) Processor| Dense|  \x1b[1;32mOK\x1b[0m (0.00e+00)|       \x1b[1;32mOK\x1b[0m|  \x1b[1;31mFAIL\x1b[0m (2.00e-01)|
+Summary: 2 test(s) executed, 1 failed
+"""
+
+
+def test_archs_table_with_a_mixed_batch_column_is_read_per_case():
+    assert hd.archs_results(ARCHS_OUT_MIXED) == {
+        "qwen3|Intel(R) Xeon(R) Processor|Dense": "OK", "qwen3|Meta|Dense": "SKIP",
+        "llama|Intel(R) Xeon(R) Processor|Dense": "FAIL"}                  # the mixed batch failed
+
+
 def test_backend_ops_lines_are_read_per_case():
     res = hd.backend_ops_results(OPS_OUT)
     assert list(res.values()) == ["OK", "FAIL", "UNSUPPORTED", "SKIP"]
@@ -73,6 +90,25 @@ def test_a_side_that_ran_nothing_is_refused():
 
 
 @pytest.mark.build
+def test_evidence_md_gets_the_stacks_counts_or_the_command_that_makes_them(tmp_path):
+    import json
+    base = {"MUL_MAT(a)": "OK", "MUL_MAT(b)": "OK"}
+    result = hd.compare(base, {**base, "MUL_MAT(c)": "OK"}, "test-backend-ops -o MUL_MAT")
+    report = {"results": [{"isa": "native", **result}],
+              "ok": True, "seconds": 12.5, "base": "b11434 (tree 27d5f643d32b)", "target": "cpu-demo"}
+    absent = hd.evidence_section(tmp_path, "cpu-demo", report["base"])
+    assert 'Not run: `make harness-diff HARNESS_ARGS="--stack cpu-demo"`' in absent
+    (tmp_path / "cpu-demo").mkdir()
+    (tmp_path / "cpu-demo" / "report.json").write_text(json.dumps(report))
+    fresh = hd.evidence_section(tmp_path, "cpu-demo", report["base"])
+    assert "no case that passes on the base fails here" in fresh
+    assert "| `test-backend-ops -o MUL_MAT` | native | 2 / 2 | 3 / 3 | 1 | 0 |" in fresh
+    assert "Stale" in hd.evidence_section(tmp_path, "cpu-demo", "b11500 (tree 0123456789ab)")
+    report["ok"] = False
+    (tmp_path / "cpu-demo" / "report.json").write_text(json.dumps(report))
+    assert "REGRESSIONS" in hd.evidence_section(tmp_path, "cpu-demo", report["base"])
+
+
 def test_every_architecture_passes_test_llama_archs_patched(llama_build):
     """The fast subset: upstream's harness over every architecture it knows, on the patched
     build (the series must not fail a case of any other model)."""

@@ -14,6 +14,7 @@ cases each side ran is reported beside it, so a side that ran nothing is seen (a
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
@@ -36,22 +37,27 @@ ISA_BUILDS: dict[str, tuple[str, ...]] = {
 HARNESS_OPS: tuple[str, ...] = ("MUL_MAT", "FLASH_ATTN_EXT")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-#: test-llama-archs' table: | arch | device | config | status (nmse) | roundtrip |
-_ARCHS_ROW = re.compile(r"^\|\s*(?P<arch>[^|]+?)\|\s*(?P<dev>[^|]+?)\|\s*(?P<cfg>[^|]+?)\|"
-                        r"\s*(?P<status>[A-Z]+)[^|]*\|\s*(?P<rt>[A-Z]+)\s*\|\s*$", re.M)
+#: a verdict cell of test-llama-archs' table: "OK (1.2e-05)", "FAIL", "SKIP"
+_VERDICT = re.compile(r"^\s*(?P<word>OK|FAIL|SKIP)\b")
 #: test-backend-ops' console lines: "  OP(params): ... OK|FAIL", "not supported [...]", "skipping ..."
 _OPS_CASE = re.compile(r"^  (?P<case>[A-Z][A-Z0-9_]*\(.*\)): (?P<rest>.*)$", re.M)
 
 
 def archs_results(stdout: str) -> dict[str, str]:
-    """test-llama-archs' table as {"arch|device|config": status}; status OK, FAIL or SKIP
-    (the roundtrip column's verdict joins the NMSE column's: a failed roundtrip is FAIL)."""
+    """test-llama-archs' table as {"arch|device|config": status}; status OK, FAIL or SKIP.
+    Rows are | arch | device | config | then one cell per check (NMSE, roundtrip and, since
+    b11434, mixed batch): a FAIL in any of them is FAIL, else the first cell's verdict."""
     out: dict[str, str] = {}
-    for m in _ARCHS_ROW.finditer(_ANSI.sub("", stdout)):
-        if m["arch"].strip() in ("Model arch.",) or set(m["arch"].strip()) <= {"-"}:
+    for line in _ANSI.sub("", stdout).splitlines():
+        line = line.strip()
+        if not (line.startswith("|") and line.endswith("|")):
             continue
-        status = "FAIL" if "FAIL" in (m["status"], m["rt"]) else m["status"]
-        out[f"{m['arch'].strip()}|{m['dev'].strip()}|{m['cfg'].strip()}"] = status
+        cells = line[1:-1].split("|")
+        verdicts = [m["word"] for c in cells[3:] if (m := _VERDICT.match(c))]
+        if len(cells) < 5 or len(verdicts) != len(cells) - 3:
+            continue                    # the header, the rule, or not a row of the table
+        status = "FAIL" if "FAIL" in verdicts else verdicts[0]
+        out[f"{cells[0].strip()}|{cells[1].strip()}|{cells[2].strip()}"] = status
     return out
 
 
@@ -152,3 +158,22 @@ def markdown(report: dict) -> str:
                      f"{r['patched'].get('OK', 0)} / {r['patched_cases']} | {r['new_cases']} | "
                      f"{len(r['regressions'])} |")
     return "\n".join(lines) + "\n"
+
+
+def evidence_section(report_dir: Path, name: str, base: str) -> str:
+    """EVIDENCE.md's section of upstream's own tests for `name` (a stack): the counts of its
+    `harness-diff` run against `base`, or the command that makes them."""
+    command = f'make harness-diff HARNESS_ARGS="--stack {name}"'
+    head = ["", "## Upstream's tests, base against this PR", ""]
+    path = report_dir / name / "report.json"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "\n".join(head + [f"Not run: `{command}` builds the base and this PR with the same "
+                                 "flags and compares test-llama-archs and test-backend-ops.", ""])
+    if report.get("base") != base:
+        return "\n".join(head + [f"Stale: {path} compares against {report.get('base')}, not {base}: "
+                                 f"rerun `{command}`.", ""])
+    verdict = "no case that passes on the base fails here" if report.get("ok") else "REGRESSIONS"
+    return "\n".join(head + [f"`{command}` ({report.get('seconds')} s): {verdict}.", "",
+                             markdown(report)])

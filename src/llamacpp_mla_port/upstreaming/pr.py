@@ -46,7 +46,7 @@ from llamacpp_mla_port.series.gitseries import read_series
 from llamacpp_mla_port.series.spec import Stack, load_series
 from llamacpp_mla_port.series.worktree import Workspace
 from llamacpp_mla_port.source.pin import load_pin
-from llamacpp_mla_port.upstreaming import plan, style, walkthrough
+from llamacpp_mla_port.upstreaming import harness_diff, plan, style, walkthrough
 from llamacpp_mla_port.upstreaming.lint import (EditorConfig, Finding, flake8_findings, introduced, tree_checks,
                                                 whitespace_findings)
 
@@ -416,8 +416,7 @@ def _commit_checks(commits: list[CommitCheck], opts: "PrOptions", how: str) -> d
 
 def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: Path, pin,
                        series, commits: list[CommitCheck], proof: dict, template: str | None,
-                       opts: "PrOptions", patches_match: bool, upstream: dict | None,
-                       log=print) -> dict:
+                       opts: "PrOptions", patches_match: bool, upstream: dict | None, log=print) -> dict:
     """<work-dir>/pr/<stack>/ (rewritten whole): patches/, squashed.patch, checks.json, EVIDENCE.md,
     evidence.json, DESCRIPTION-SKELETON.md, CHECKLIST.md, WALKTHROUGH.md and plan.write_stack_docs'."""
     if folder.exists():
@@ -456,7 +455,8 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
               "head": rs.head, "squashed": rs.squashed, "upstream_checks": upstream}
     (folder / "checks.json").write_text(json.dumps(result, indent=2) + "\n")
     (folder / "evidence.json").write_text(json.dumps(entries, indent=2) + "\n")
-    (folder / EVIDENCE).write_text(evidence_markdown(rs.stack, entries, facts, upstream))
+    upstream_tests = harness_diff.evidence_section(project.places().harness_diff_dir, rs.stack.name, pin.short)
+    (folder / EVIDENCE).write_text(evidence_markdown(rs.stack, entries, facts, upstream) + upstream_tests)
     (folder / DESCRIPTION).write_text(description_skeleton(template, rs.stack, facts))
     (folder / "CHECKLIST.md").write_text(stack_checklist(template, rs.stack, checks))
     walkthrough.write(folder, rs.stack, repo, rs.base)
