@@ -406,8 +406,17 @@ def test_other_layouts_are_refused_naming_what_is_unsupported(tree, tmp_path, ed
 
 def test_a_block_size_in_the_config_is_written(tree, tmp_path):
     ckpt, target = _edited_checkpoint(tmp_path, config_edit={"block_size": 5})
-    r = convert(tree, ckpt, target, tmp_path / "d.gguf")
-    assert field(r, "dflash.block_size") == 5
+    run = run_converter(tree, ckpt, tmp_path / "d.gguf", target)
+    assert field(GGUFReader(run.out_gguf), "dflash.block_size") == 5
+    assert "has no block_size" not in run.stderr
+
+
+def test_a_config_without_a_block_size_gets_the_default_with_one_logged_line(tree, made, tmp_path):
+    _, ckpt, target = made()
+    run = run_converter(tree, ckpt, tmp_path / "d.gguf", target)
+    assert field(GGUFReader(run.out_gguf), "dflash.block_size") == 7
+    lines = [ln for ln in run.stderr.splitlines() if "has no block_size" in ln]
+    assert len(lines) == 1 and "writing 7" in lines[0] and "--draft-block-size" in lines[0], run.stderr[-2000:]
 
 
 def test_qwen3_style_kimi_k3_dspark_takes_the_existing_path(tree, tmp_path):

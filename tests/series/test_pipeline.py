@@ -461,12 +461,12 @@ def test_reapplying_keeps_the_mtime_of_files_whose_content_did_not_change(tmp_pa
     assert others, "the series should touch more than constants.py"
     for p in [constants] + others:
         os.utime(p, ns=(0, 1_000_000_000))              # an old, recognisable mtime
-    before = constants.read_text().count("MODEL_TENSOR.ATTN_KV_B,")
+    before = constants.read_text().count("MODEL_TENSOR.ATTN_KV_A_NORM,")
     templates = _copy_templates(tmp_path)
     hunk = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "constants-dflash-mla.py.j2"
-    hunk.write_text(hunk.read_text().replace("        MODEL_TENSOR.ATTN_KV_B,\n", ""))
+    hunk.write_text(hunk.read_text().replace("        MODEL_TENSOR.ATTN_KV_A_NORM,\n", ""))
     pipeline.patch(dataclasses.replace(opts, templates_dir=templates), log=lambda *_: None)
-    assert constants.read_text().count("MODEL_TENSOR.ATTN_KV_B,") == before - 1
+    assert constants.read_text().count("MODEL_TENSOR.ATTN_KV_A_NORM,") == before - 1
     assert constants.stat().st_mtime_ns != 1_000_000_000
     assert all(p.stat().st_mtime_ns == 1_000_000_000 for p in others)
 
