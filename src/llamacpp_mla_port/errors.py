@@ -70,6 +70,21 @@ class PatchApplyError(SeriesError):
         self.details = details or {}
 
 
+class ProcessError(PortError):
+    """A command run through the process funnel (llamacpp_mla_port.process) could not start,
+    ran past its time-out (killed with its whole group: `timed_out`, `returncode` None) or,
+    with check=True, exited non-zero. `cmd` is the argument list, `stderr_tail` the end of
+    what it wrote to stderr."""
+
+    def __init__(self, message: str, hint: str | None = None, cmd: list[str] | None = None,
+                 returncode: int | None = None, stderr_tail: str = "", timed_out: bool = False):
+        super().__init__(message, hint)
+        self.cmd = list(cmd or [])
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+        self.timed_out = timed_out
+
+
 class BuildError(PortError):
     """CMake configure or build failed."""
 

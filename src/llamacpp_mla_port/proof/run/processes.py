@@ -1,4 +1,4 @@
-"""Processes the proof starts and owns: servers, rpc-servers, one-shot runs.
+"""Processes the proof starts and owns: servers, rpc-servers, one-shot runs (the funnel's).
 
 Every process gets its own session (process group), so stopping it stops whatever it
 spawned too; every wait is bounded; `stop()` is idempotent and always ends with SIGKILL
@@ -13,14 +13,13 @@ of the group when SIGTERM was not enough. Use an `Owned` as a context manager (o
       .kill()                    SIGKILL the group now (a crash, in fault tests); stop() reaps
       .stop()                    SIGTERM, bounded wait, SIGKILL of the whole group
     RpcServer(build, log_path)   llama.cpp's ggml-rpc-server on a free port, listening, own -t
-    run_bounded(cmd, timeout)    subprocess.run in its own group, the group killed on timeout;
-                                 the result also has .peak_rss_bytes and .seconds of that child
+    run_bounded(cmd, timeout)    the process funnel (llamacpp_mla_port.process.run), a time-out
+                                 a ProofError; the result has .peak_rss_bytes and .seconds
       Owned.peak_rss_bytes()     a live process's peak RSS so far (Linux VmHWM)
 """
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -30,7 +29,8 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.errors import ProcessError, ProofError
+from llamacpp_mla_port.process import Completed, kill_group, run
 
 LOCALHOST = "127.0.0.1"
 
@@ -43,10 +43,7 @@ def free_port() -> int:
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    kill_group(proc.pid, sig)
 
 
 class Owned:
@@ -206,53 +203,17 @@ class RpcServer(Owned):
         return f"{LOCALHOST}:{self.port}"
 
 
-class Measured(subprocess.CompletedProcess):
-    """A finished run with its own peak resident memory (ru_maxrss of that child) and wall time."""
-
-    peak_rss_bytes: int = 0
-    seconds: float = 0.0
+#: a finished run_bounded: its .seconds and .peak_rss_bytes (the funnel's result)
+Measured = Completed
 
 
 def run_bounded(cmd: Sequence[str], timeout: float, env: dict | None = None,
                 cwd: Path | None = None) -> Measured:
-    """subprocess.run with text output, in its own process group; on time-out the whole group
-    is killed and ProofError raised (a hang never outlives its bound). The result also carries
-    the child's peak RSS (wait4 on that child alone) and its wall time."""
-    import tempfile
-
-    cmd = [str(c) for c in cmd]
-    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, stdin=subprocess.DEVNULL,
-                                env=env, cwd=cwd, start_new_session=True)
-        deadline = start + timeout
-        status = usage = None
-        timed_out = False
-        try:
-            # output goes to files, not pipes, so polling wait4 cannot deadlock on a full pipe
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    _kill_group(proc, signal.SIGKILL)
-                    _, status, usage = os.wait4(proc.pid, 0)
-                    break
-                time.sleep(0.02)
-        finally:
-            if status is not None:
-                proc.returncode = os.waitstatus_to_exitcode(status)
-            _kill_group(proc, signal.SIGKILL)      # anything it left behind in its group
-        seconds = time.monotonic() - start
-        out_f.seek(0)
-        err_f.seek(0)
-        out = out_f.read().decode("utf-8", "replace")
-        err = err_f.read().decode("utf-8", "replace")
-    if timed_out:
-        raise ProofError(f"{Path(cmd[0]).name} did not finish within {timeout:g} s (killed); "
-                         f"stderr tail:\n{err[-2000:]}", hint=" ".join(cmd))
-    res = Measured(cmd, proc.returncode, out, err)
-    res.peak_rss_bytes = usage.ru_maxrss * 1024 if usage is not None else 0   # KiB on Linux
-    res.seconds = seconds
-    return res
+    """The process funnel (llamacpp_mla_port.process.run), its time-out the proof's ProofError:
+    the whole group killed, and the command's name, "did not finish within" and the stderr tail."""
+    try:
+        return run(cmd, timeout=timeout, env=env, cwd=cwd)
+    except ProcessError as err:
+        if not err.timed_out:
+            raise
+        raise ProofError(err.message, hint=err.hint) from None
