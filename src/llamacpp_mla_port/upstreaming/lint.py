@@ -9,11 +9,12 @@ import importlib.util
 import json
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
+
+from llamacpp_mla_port.process import run
 
 
 # ------------------------------------------------------------------------- editorconfig
@@ -195,8 +196,7 @@ def flake8_findings(tree: Path, files: Iterable[str]) -> list[Finding]:
         out.append(Finding("flake8", "", None, "plugin",
                            "flake8-no-print (used by upstream CI) is not installed: NP100 "
                            "print() findings were not checked"))
-    proc = subprocess.run([sys.executable, "-m", "flake8", "--config", str(config), *py],
-                          cwd=tree, capture_output=True, text=True)
+    proc = run([sys.executable, "-m", "flake8", "--config", config, *py], cwd=tree, timeout=600)
     for line in proc.stdout.splitlines():
         m = _FLAKE8_LINE.match(line.strip())
         if m:
@@ -246,11 +246,11 @@ def ty_findings(tree: Path) -> list[str] | str:
     exe = shutil.which("ty", path=str(Path(sys.executable).parent)) or shutil.which("ty")
     if exe is None:
         return f"ty is not installed (pip install ty=={TY_VERSION})"
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.split()
+    version = run([exe, "--version"], timeout=60).stdout.split()
     if version[-1:] != [TY_VERSION]:
         return f"ty {' '.join(version[1:])} is not the pinned {TY_VERSION}"
-    proc = subprocess.run([exe, "check", "--exit-zero-on-warning", "--output-format=concise",
-                           "--python", sys.prefix], cwd=tree, capture_output=True, text=True)
+    proc = run([exe, "check", "--exit-zero-on-warning", "--output-format=concise", "--python", sys.prefix],
+               cwd=tree, timeout=600)
     return [ln for ln in proc.stdout.splitlines() if re.match(r"^\S+:\d+:\d+: ", ln)]
 
 
@@ -262,8 +262,7 @@ def pretokenizer_findings(tree: Path) -> list[str] | str:
         return "the tree has no convert_hf_to_gguf_update.py / conversion/base.py"
     before = base_py.read_bytes()
     try:
-        proc = subprocess.run([sys.executable, script.name, "--check-missing"], cwd=tree,
-                              capture_output=True, text=True, timeout=600)
+        proc = run([sys.executable, script.name, "--check-missing"], cwd=tree, timeout=600)
         after = base_py.read_bytes()
     finally:
         base_py.write_bytes(before)

@@ -29,7 +29,6 @@ import importlib.util
 import json
 import re
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,7 +37,7 @@ from typing import Callable
 
 import git
 
-from llamacpp_mla_port import gitutil, project
+from llamacpp_mla_port import gitutil, process, project
 from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG, TARGET_SETS
 from llamacpp_mla_port.errors import PortError, SeriesError, WorkTreeError
 from llamacpp_mla_port.series import pipeline, stacks as stacks_mod
@@ -167,8 +166,7 @@ def run_smoke(tree: Path, build_dir: Path, extra: list[str], log=print) -> dict:
     cmd = [sys.executable, "-m", "llamacpp_mla_port", "smoke", "--tree", str(tree),
            "--build-dir", str(build_dir), *extra]
     log(f"pr: running the proof: {' '.join(cmd[2:])}")
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = process.run(cmd, timeout=4 * 3600)          # the whole proof, its builds included
     try:
         report = json.loads(proc.stdout[proc.stdout.index("{"):])
     except ValueError:
@@ -176,7 +174,7 @@ def run_smoke(tree: Path, build_dir: Path, extra: list[str], log=print) -> dict:
                   "stdout_tail": proc.stdout[-3000:]}
     report["exit_code"] = proc.returncode
     report["stderr_tail"] = proc.stderr[-3000:]
-    report.setdefault("seconds", round(time.monotonic() - t0, 1))
+    report.setdefault("seconds", round(proc.seconds, 1))
     return report
 
 
@@ -280,10 +278,9 @@ def run_evidence(stack: Stack, cwd: Path, proof: dict | None, skip: bool, log=pr
             entry.update(status="not run", note="--skip-evidence: run the command yourself")
         else:
             log(f"pr: evidence for {stack.name}: {ev.command}")
-            t0 = time.monotonic()
-            proc = subprocess.run(ev.command, shell=True, cwd=cwd, capture_output=True, text=True)
+            proc = process.run(ev.command, shell=True, cwd=cwd, timeout=3600)
             entry.update(status="pass" if proc.returncode == 0 else "FAIL", rc=proc.returncode,
-                         seconds=round(time.monotonic() - t0, 1),
+                         seconds=round(proc.seconds, 1),
                          output_tail=(proc.stdout + proc.stderr)[-2000:])
         out.append(entry)
     return out
