@@ -109,6 +109,38 @@ def test_evidence_md_gets_the_stacks_counts_or_the_command_that_makes_them(tmp_p
     assert "REGRESSIONS" in hd.evidence_section(tmp_path, "cpu-demo", report["base"])
 
 
+def test_a_new_base_is_exported_newer_than_the_last_build(tmp_path):
+    """The archive dates files at their commit (2000 for an imported sdist): a re-export for a
+    moved pin must still look newer than the objects built from the tree before, or the build
+    is silently stale. The control: the same commit is not exported again."""
+    import os
+    import time
+    from llamacpp_mla_port import gitutil
+    from llamacpp_mla_port.commands.harness_diff import _export
+    src = tmp_path / "src"
+    src.mkdir()
+    gitutil.run(src, "init", "-q", ".")
+    ident = gitutil.identity_env("a", "a@a", "2000-01-01T00:00:00Z")
+    shas = []
+    for text in ("one\n", "two\n"):
+        (src / "CMakeLists.txt").write_text(text)
+        gitutil.run(src, "add", "-A")
+        gitutil.run(src, "commit", "-q", "-m", text, env=ident)
+        shas.append(gitutil.run(src, "rev-parse", "HEAD"))
+    repo = gitutil.open_repo(src)
+    dest = tmp_path / "side" / "llama.cpp"
+    _export(repo, shas[0], dest)
+    built = tmp_path / "side" / "object.o"
+    built.write_text("x")
+    os.utime(built, (time.time() - 5, time.time() - 5))     # built after the first export
+    _export(repo, shas[1], dest)
+    assert (dest / "CMakeLists.txt").read_text() == "two\n"
+    assert (dest / "CMakeLists.txt").stat().st_mtime > built.stat().st_mtime
+    before = (dest / "CMakeLists.txt").stat().st_mtime_ns
+    _export(repo, shas[1], dest)
+    assert (dest / "CMakeLists.txt").stat().st_mtime_ns == before
+
+
 def test_every_architecture_passes_test_llama_archs_patched(llama_build):
     """The fast subset: upstream's harness over every architecture it knows, on the patched
     build (the series must not fail a case of any other model)."""

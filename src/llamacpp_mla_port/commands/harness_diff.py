@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 from llamacpp_mla_port.commands.common import add_source_args, options
@@ -44,6 +46,12 @@ def _export(repo, sha: str, dest: Path) -> Path:
     data = repo.git.archive(sha, stdout_as_string=False)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
+    # the archive dates every file at its commit: newer than the side's last build, or make
+    # would keep the objects of the tree exported before
+    now = time.time()
+    for path in dest.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.utime(path, (now, now))
     stamp.write_text(sha + "\n")
     return dest
 
