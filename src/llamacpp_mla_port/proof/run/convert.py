@@ -5,21 +5,20 @@ runs `<tree>/convert_hf_to_gguf.py` with this interpreter and PYTHONPATH=<tree>/
 (the PyPI gguf lags the tree: no DFLASH arch), and returns out_gguf. A failure raises
 errors.ConversionError carrying the converter's last stderr lines, which name the tensor
 or config key at fault. `peak_rss_bytes` in the returned run record is the child's peak
-resident memory (ru_maxrss from wait4 on that child alone), which the real-size test checks.
+resident memory (ru_maxrss from wait4 on that child alone, llamacpp_mla_port.process), which the
+real-size test checks. The converter runs under a time-out (`timeout`, 2 h by default).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from llamacpp_mla_port.errors import ConversionError
+from llamacpp_mla_port.process import run
 
 STDERR_TAIL_LINES = 15
 
@@ -33,7 +32,7 @@ class ConversionRun:
 
 
 def run_converter(tree: Path, checkpoint_dir: Path, out_gguf: Path, target_model_dir: Path | None,
-                  extra_args: Sequence[str] = ()) -> ConversionRun:
+                  extra_args: Sequence[str] = (), timeout: float = 7200) -> ConversionRun:
     """Like convert_checkpoint, but returns time, peak RSS and the log."""
     # the converter runs with cwd=tree: every path it is given must be absolute
     tree, checkpoint_dir, out_gguf = Path(tree).resolve(), Path(checkpoint_dir).resolve(), Path(out_gguf).resolve()
@@ -51,28 +50,20 @@ def run_converter(tree: Path, checkpoint_dir: Path, out_gguf: Path, target_model
     cmd += list(extra_args)
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tree / "gguf-py")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "gguf-py")] +
+                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-    start = time.monotonic()
-    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
-        proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=err)
-        # wait4 reaps this child and gives its own peak RSS (not the max over all children)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        seconds = time.monotonic() - start
-        err.seek(0)
-        stderr = err.read()
-    peak_rss = usage.ru_maxrss * 1024  # KiB on Linux
+    proc = run(cmd, env=env, cwd=tree, timeout=timeout)
     if proc.returncode != 0:
-        tail = "\n".join(stderr.rstrip().splitlines()[-STDERR_TAIL_LINES:])
+        tail = "\n".join(proc.stderr.rstrip().splitlines()[-STDERR_TAIL_LINES:])
         raise ConversionError(
             f"convert_hf_to_gguf.py failed (exit {proc.returncode}) on {checkpoint_dir}:\n{tail}",
             hint="the last lines name the tensor or config key; see the converter's options with --help")
     if not out_gguf.is_file():
         raise ConversionError(f"convert_hf_to_gguf.py exited 0 but wrote no {out_gguf}")
-    return ConversionRun(out_gguf, seconds, peak_rss, stderr)
+    return ConversionRun(out_gguf, proc.seconds, proc.peak_rss_bytes, proc.stderr)
 
 
 def convert_checkpoint(tree: Path, checkpoint_dir: Path, out_gguf: Path, target_model_dir: Path | None,

@@ -14,11 +14,11 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from llamacpp_mla_port import project
 from llamacpp_mla_port.errors import BuildError
+from llamacpp_mla_port.process import run
 
 CPP_DIR = Path(__file__).parent / "cpp"
 PROGRAMS = ("draft-logits", "target-features", "draft-bench", "ggml-floor", "load-check", "cpu-features",
@@ -79,7 +79,7 @@ def compile_program(name: str, tree: Path, build_dir: Path, out_dir: Path | None
     for d in lib_dirs:
         cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
     cmd += ["-lllama", "-lggml", "-lggml-base", *EXTRA_LIBS.get(name, ())]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = run(cmd, timeout=600)                   # one program: seconds
     if proc.returncode != 0:
         raise BuildError(f"compiling {source.name} failed:\n{proc.stderr[-4000:]}",
                          hint="the program uses the public libllama API of the pinned tree; "
@@ -96,7 +96,7 @@ def ggml_cpu_features(tree: Path, build_dir: Path) -> dict[str, int]:
     """What the build's ggml-cpu was compiled for (ggml_cpu_has_*: avx2, fma, f16c, avx512,
     avx512_bf16, amx_int8), not what the CPU has (cpp/cpu-features.cpp)."""
     exe = compile_program("cpu-features", tree, build_dir)
-    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    proc = run([exe], timeout=60)
     if proc.returncode != 0:
         raise BuildError(f"{exe.name} failed (exit {proc.returncode}): {proc.stderr[-1000:]}",
                          hint=f"rerun `{exe}` to see the error")

@@ -18,13 +18,13 @@ The verb `target-features` (commands/target_features.py) is the command line.
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.process import run
 
 
 @dataclass
@@ -53,7 +53,7 @@ def dump_target_features(binary: Path, target: Path, tokens, out_dir: Path, laye
         raise ProofError("pass the target layers or the draft GGUF that names them")
     if dump:
         cmd += ["--dump", ",".join(dump)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = run(cmd, timeout=timeout)
     if proc.returncode != 0:
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("target-features: error:")]
         raise ProofError(f"target-features failed (exit {proc.returncode}): {' '.join(errors) or proc.stderr[-3000:]}",
