@@ -27,13 +27,13 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from llamacpp_mla_port import process
 from llamacpp_mla_port.build import TARGET_SETS
 from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.stages import Stages
@@ -486,12 +486,10 @@ def spec_split(tree: Path, build: Path, work: Path, threads: int, n_prompts: int
 # the tool: make patch / make build
 
 def _timed(argv, env=None, cwd=None, timeout=3600) -> float:
-    t0 = time.monotonic()
-    proc = subprocess.run([str(a) for a in argv], env=env, cwd=cwd, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, timeout=timeout)
+    proc = process.run(argv, env=env, cwd=cwd, timeout=timeout)
     if proc.returncode != 0:
         raise ProofError(f"{' '.join(map(str, argv))} failed: {proc.stderr[-2000:]}")
-    return time.monotonic() - t0
+    return proc.seconds
 
 
 def tool_timings(work: Path, threads: int, log=print) -> dict:

@@ -14,10 +14,10 @@ Exit 1 when a stage of the check fails.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from llamacpp_mla_port import process
 from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args
 
 
@@ -74,4 +74,5 @@ def run(args) -> int:
         return 0
     env = {**os.environ, "DRY_RUN": "1", "MLA_PYTHON": sys.executable,
            "MLA_DEVICE_OUT": str(places.device_dry_out)}
-    return subprocess.run(["bash", str(folder / "run.sh")], env=env).returncode
+    # its output shown as it comes; a cold build of the pruned tree and every stage, on this CPU
+    return process.run(["bash", folder / "run.sh"], env=env, timeout=4 * 3600, capture=False).returncode

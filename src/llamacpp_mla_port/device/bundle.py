@@ -44,13 +44,13 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
 
 from llamacpp_mla_port.errors import DeviceCheckError
+from llamacpp_mla_port.process import run
 
 # the bundle and the dry run's report: project.Places.device_bundle / device_dry_out
 #: what one device call carries at most: the working tree and the carried folders together
@@ -104,7 +104,7 @@ DFLASH_SOURCE = "src/models/dflash.cpp"
 def tree_files(tree: Path) -> list[str]:
     """Relative paths of the pruned copy: tracked files (git) or every file, filtered."""
     tree = Path(tree)
-    proc = subprocess.run(["git", "-C", str(tree), "ls-files", "-z"], capture_output=True)
+    proc = run(["git", "-C", tree, "ls-files", "-z"], timeout=120, text=False)
     if proc.returncode == 0 and proc.stdout:
         names = [n for n in proc.stdout.decode().split("\0") if n]
     else:
@@ -185,7 +185,7 @@ def fetch_wheels(dest: Path, cache: Path, log=print) -> list[dict]:
         have = sorted(cache.glob(pattern))
         if not have:
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *PIP_PLATFORM_ARGS, "-d", str(cache), want]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            proc = run(cmd, timeout=300)
             have = sorted(cache.glob(pattern))
             if proc.returncode != 0 or not have:
                 raise DeviceCheckError(f"pip could not download {want}: {proc.stderr.strip()[-800:]}",
@@ -203,8 +203,7 @@ def folder_bytes(path: Path) -> int:
 def travelling_tree_bytes(root: Path) -> int | None:
     """Bytes of what a device call sends besides the carried folders: tracked and untracked,
     not ignored files of the checkout (None: not a git checkout)."""
-    proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "-co", "--exclude-standard"],
-                          capture_output=True)
+    proc = run(["git", "-C", root, "ls-files", "-z", "-co", "--exclude-standard"], timeout=120, text=False)
     if proc.returncode != 0:
         return None
     total = 0
@@ -343,8 +342,7 @@ def prepare_bundle(tree: Path, build: Path, bundle: Path, repo_root: Path | None
         fixtures = {"bytes": 0, "left_out": True}
     (bundle / "run.sh").write_text(RUN_SH)
     (bundle / "run.sh").chmod(0o755)
-    tree_head = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%H %s"], capture_output=True,
-                               text=True).stdout.strip()
+    tree_head = run(["git", "-C", tree, "log", "-1", "--format=%H %s"], timeout=120).stdout.strip()
     sizes = {"llama.cpp.tar.gz": tar["bytes"], "overlay": folder_bytes(bundle / "overlay"),
              "wheels": folder_bytes(bundle / "wheels"), "src": pkg, "fixtures": fixtures["bytes"],
              "run.sh": (bundle / "run.sh").stat().st_size}

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tarfile
 import time
@@ -24,8 +23,10 @@ from llamacpp_mla_port.device.bundle import (CHECK_TARGETS, COMMON_CMAKE_ARGS, C
 from llamacpp_mla_port.device.judge import judge_parity
 from llamacpp_mla_port.device.report import format_report
 from llamacpp_mla_port.device.toolkit import cuda_toolkit_args
-from llamacpp_mla_port.errors import DeviceCheckError, PortError
+from llamacpp_mla_port.errors import DeviceCheckError, PortError, ProcessError
+from llamacpp_mla_port.process import run
 from llamacpp_mla_port.project import build_in, tree_in
+from llamacpp_mla_port.proof.run.processes import Owned
 
 #: the real config's DeepSeek-YaRN factor (fixtures.checkpoint.K3_DSPARK_REAL_CONFIG)
 REAL_YARN_FACTOR = 32.0
@@ -138,7 +139,7 @@ class Check:
         self.report: dict = {"kind": "cuda" if self.cuda else "dry run (CUDA off)", "device_call": DEVICE_CALL,
                              "budget_s": budget_s, "threads": self.threads, "stages": {}, "figures_from_gpu": self.cuda}
         self._log = log or (lambda m: (sys.stderr.write(m + "\n"), sys.stderr.flush()))
-        self.models_proc: subprocess.Popen | None = None
+        self.models_proc: Owned | None = None
 
     def log(self, msg: str) -> None:
         self._log(f"device-check [{time.monotonic() - self.t0:6.1f} s] {msg}")
@@ -186,9 +187,9 @@ class Check:
                                          "--format=csv,noheader"]),
                          ("nvcc", ["nvcc", "--version"]), ("cmake", ["cmake", "--version"])):
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+                proc = run(cmd, timeout=30)
                 env[key] = (proc.stdout.strip().splitlines() or [""])[-1] if proc.returncode == 0 else None
-            except (OSError, subprocess.TimeoutExpired):
+            except ProcessError:          # not installed, or no answer within 30 s
                 env[key] = None
         try:
             import torch
@@ -227,8 +228,7 @@ class Check:
                str(self.work / "fixtures" / "kimi-k3-target.gguf"), str(out)] + (["--reduced"] if self.dry_run else [])
         self.models_log = self.work / "models.log"
         self.models_out = out
-        self.models_proc = subprocess.Popen(cmd, stdout=open(self.models_log, "w"), stderr=subprocess.STDOUT,
-                                            env={**os.environ}, start_new_session=True)
+        self.models_proc = Owned(cmd, self.models_log, env={**os.environ}, name="the real-size models' writer")
         self.log(f"real-size models: writing in the background into {out}")
 
     # ------------------------------------------------------------------ stages
@@ -294,8 +294,7 @@ class Check:
         """test-llama-archs' DFlash cases (the series' tests in upstream's harness): each device vs the CPU."""
         import re
 
-        res = subprocess.run([str(self.build / "bin" / "test-llama-archs"), "-a", "dflash", "-s", "1"],
-                             capture_output=True, text=True, timeout=300)
+        res = run([self.build / "bin" / "test-llama-archs", "-a", "dflash", "-s", "1"], timeout=600)
         rows = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", res.stdout).splitlines()
                 if ln.startswith("|") and "dflash" in ln]
         self.report["archs"] = {"rc": res.returncode, "rows": rows, "log_tail": res.stderr[-2000:]}
@@ -344,7 +343,7 @@ class Check:
 
         if self.models_proc is None:
             self.start_models()
-        rc = self.models_proc.wait(timeout=max(10.0, min(self.remaining(), 1800)))
+        rc = self.models_proc.wait(max(10.0, min(self.remaining(), 1800)))
         log_text = self.models_log.read_text(errors="replace")
         if rc != 0:
             raise DeviceCheckError(f"writing the real-size models failed (exit {rc}): {log_text[-1500:]}")
@@ -462,9 +461,10 @@ class Check:
         except PortError as err:
             self.report["stages"]["setup"] = {"ok": False, "error": str(err)}
         finally:
-            if self.models_proc is not None and self.models_proc.poll() is None:
-                os.killpg(self.models_proc.pid, 9)
-                self.models_proc.wait()
+            if self.models_proc is not None:
+                if self.models_proc.alive():      # still writing: killed at once, its group with it
+                    self.models_proc.kill()
+                self.models_proc.stop()
             self.save()
             self.pack_logs()
         return self.report

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
-from llamacpp_mla_port.errors import DeviceCheckError
+from llamacpp_mla_port.errors import DeviceCheckError, ProcessError
+from llamacpp_mla_port.process import run
 
 
 def _first(paths) -> Path | None:
@@ -52,8 +52,8 @@ def cuda_toolkit_args(nvcc: str | None = None, nvidia_dirs: list[Path] | None = 
     if not _first([*(d / "stubs" / "libcuda.so" for d in lib_dirs), *(d / "libcuda.so" for d in lib_dirs)]):
         if ldconfig_text is None:
             try:
-                ldconfig_text = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
-            except (OSError, subprocess.TimeoutExpired):
+                ldconfig_text = run(["ldconfig", "-p"], timeout=30).stdout
+            except ProcessError:          # no ldconfig, or no answer within 30 s
                 ldconfig_text = ""
         cached = re.findall(r"libcuda\.so(?:\.1)? \(.*?\) => (\S+)", ldconfig_text)
         driver = _first([*cached, "/usr/local/nvidia/lib64/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
