@@ -1,8 +1,12 @@
 """The process funnel (llamacpp_mla_port.process): a time-out always, the whole group killed,
-seconds and peak RSS, one error carrying the command, exit status and stderr tail (issue 31)."""
+seconds and peak RSS, one error carrying the command, exit status and stderr tail (issue 31);
+and no process started in src/ outside it but the streaming build and the proof's long-lived
+processes."""
 
 from __future__ import annotations
 
+import ast
+import resource
 import sys
 import time
 from pathlib import Path
@@ -11,6 +15,9 @@ import pytest
 
 from llamacpp_mla_port.errors import PortError, ProcessError
 from llamacpp_mla_port.process import run
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "src" / "llamacpp_mla_port"
 
 
 def _group_alive(pgid: int) -> list[int]:
@@ -78,13 +85,18 @@ def test_a_command_that_cannot_start_raises_the_same_error(tmp_path):
 
 
 def test_seconds_and_peak_rss_are_the_childs():
-    script = "import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.3)"
+    # a child bigger than this process: its own peak (a smaller one reads as this process's
+    # size when it was started, the image its exec replaced: the module doc)
+    ours = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    size = ours + 200 * 2**20
+    script = f"import time; b = bytearray({size}); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.3)"
     done = run([sys.executable, "-c", script], timeout=60)
     assert done.returncode == 0
-    assert done.peak_rss_bytes >= 200 * 2**20
+    assert size <= done.peak_rss_bytes < size + 100 * 2**20
     assert 0.3 <= done.seconds < 60
     small = run(["true"], timeout=10)
-    assert 0 < small.peak_rss_bytes < 200 * 2**20 and small.seconds < 10
+    assert 0 < small.peak_rss_bytes <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert 0 < small.seconds < 10
 
 
 def test_shell_commands_bytes_input_env_and_cwd(tmp_path):
@@ -100,3 +112,72 @@ def test_shell_commands_bytes_input_env_and_cwd(tmp_path):
         run("exit 4", shell=True, timeout=30, check=True)
     with pytest.raises(TypeError):
         run("echo a", timeout=30)
+
+
+# ------------------------------------------------------------------ no process outside it
+#: where src/ may start a process itself: (module, outermost function or class; "*": anywhere)
+ALLOWED_STARTS = {
+    ("llamacpp_mla_port.process", "*"): "the funnel",
+    ("llamacpp_mla_port.build", "_run_logged"): "the streaming build: its output shown as it comes",
+    ("llamacpp_mla_port.proof.run.processes", "Owned"): "the proof's long-lived servers, started and stopped",
+}
+#: what starts a process besides the subprocess module
+OS_STARTS = ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp", "spawnl", "spawnle", "spawnlp",
+             "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "execl", "execle", "execlp", "execlpe",
+             "execv", "execve", "execvp", "execvpe")
+
+
+def process_starts(sources: dict[str, str]) -> list[tuple[str, str, int, str]]:
+    """(module, outermost def/class or "", line, call) of every subprocess.* call, every
+    `from subprocess import`, and every os.system / os.popen / os.spawn* / os.exec* / os.fork."""
+    out = []
+    for module, text in sources.items():
+        tree = ast.parse(text)
+        for top in tree.body:
+            scope = top.name if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else ""
+            for node in ast.walk(top):
+                if isinstance(node, ast.ImportFrom) and node.module == "subprocess":
+                    out.append((module, scope, node.lineno, "from subprocess import"))
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and isinstance(node.func.value, ast.Name):
+                    base, attr = node.func.value.id, node.func.attr
+                    if base == "subprocess" or (base == "os" and attr in OS_STARTS):
+                        out.append((module, scope, node.lineno, f"{base}.{attr}"))
+    return out
+
+
+def start_violations(sources: dict[str, str], allowed: dict[tuple[str, str], str]) -> list[str]:
+    """Every start outside the allowed places, and every allowed place that starts nothing."""
+    starts = process_starts(sources)
+    out = [f"{m}:{line}: {call} (in {scope or 'the module'}): use llamacpp_mla_port.process.run"
+           for m, scope, line, call in starts if (m, scope) not in allowed and (m, "*") not in allowed]
+    used = {(m, s) for m, s, _, _ in starts} | {(m, "*") for m, _, _, _ in starts}
+    out += [f"stale allow-list entry {m} {s}" for m, s in sorted(allowed) if (m, s) not in used]
+    return out
+
+
+def test_the_start_checker_finds_direct_calls():
+    old = {
+        "pr": "import subprocess\ndef run_evidence(c):\n    return subprocess.run(c, shell=True)\n",
+        "bundle": "from subprocess import run\n",
+        "shell": "import os\nclass A:\n    def f(self):\n        os.system('ls')\n",
+        "fine": "import os\nos.path.join('a')\nfrom llamacpp_mla_port.process import run\nrun(['ls'], timeout=1)\n",
+    }
+    assert start_violations(old, {}) == [
+        "pr:3: subprocess.run (in run_evidence): use llamacpp_mla_port.process.run",
+        "bundle:1: from subprocess import (in the module): use llamacpp_mla_port.process.run",
+        "shell:4: os.system (in A): use llamacpp_mla_port.process.run"]
+    assert start_violations(old, {("pr", "run_evidence"): "", ("bundle", ""): "", ("shell", "*"): ""}) == []
+    assert start_violations({}, {("pr", "run_evidence"): ""}) == ["stale allow-list entry pr run_evidence"]
+
+
+def test_no_process_is_started_outside_the_funnel():
+    sources = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        sources[".".join(parts)] = path.read_text()
+    assert "llamacpp_mla_port.process" in sources and "llamacpp_mla_port.build" in sources
+    problems = start_violations(sources, ALLOWED_STARTS)
+    assert problems == [], "\n".join(problems)

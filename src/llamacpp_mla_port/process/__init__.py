@@ -15,8 +15,11 @@
   this process's own stdout and stderr (a driver the user watches), and stay empty here.
 - stdin is /dev/null unless `input` (str or bytes) is given. Output goes to temporary
   files, not pipes, so a chatty child never blocks on a full pipe.
-- The result also has `.seconds` (wall time) and `.peak_rss_bytes` (the child's peak resident
-  memory, from wait4 on that child: its own and its reaped descendants', not this process's).
+- The result also has `.seconds` (wall time) and `.peak_rss_bytes`: ru_maxrss from wait4 on
+  that child (its peak and its reaped descendants'). Linux also counts there the image an exec
+  replaced, here this process as it was when it started the child: the figure is the child's
+  own for a child bigger than this tool (the converter, the real-size runs), and for a smaller
+  one an upper bound, this process's peak resident size.
 
 Outside this module only two kinds of process are started: the streaming build (build.py,
 which shows the build's output line by line as it comes) and the long-lived processes the
