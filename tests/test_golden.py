@@ -17,7 +17,7 @@ import pytest
 
 from llamacpp_mla_port.cli import main
 from llamacpp_mla_port.series.spec import Evidence, Stack
-from llamacpp_mla_port.upstreaming import canary, pr, walkthrough
+from llamacpp_mla_port.upstreaming import canary, pr, pr_docs, walkthrough
 from llamacpp_mla_port.upstreaming.rebase import MERGED, ChangeReport, Outcome, _failure_text, format_text
 from tests.helpers import golden
 from tests.helpers.doctor_gguf import write_mla_draft, write_seed_card_file, write_target
@@ -333,11 +333,11 @@ CHECKS = {"patches_match": True, "builds": True, "build_note": "2 commits alone 
 
 
 def test_pr_evidence_markdown():
-    assert_golden("pr/EVIDENCE.md", pr.evidence_markdown(STACK, ENTRIES, FACTS, UPSTREAM))
+    assert_golden("pr/EVIDENCE.md", pr_docs.evidence_markdown(STACK, ENTRIES, FACTS, UPSTREAM))
 
 
 def test_pr_description_skeleton_of_a_stacked_pr():
-    assert_golden("pr/DESCRIPTION-SKELETON.md", pr.description_skeleton(TEMPLATE, STACK, FACTS))
+    assert_golden("pr/DESCRIPTION-SKELETON.md", pr_docs.description_skeleton(TEMPLATE, STACK, FACTS))
 
 
 def test_pr_description_skeleton_without_a_template():
@@ -346,18 +346,18 @@ def test_pr_description_skeleton_without_a_template():
              "based_on": [], "commits": ["rpc : refuse foreign peers"], "applies_alone": True,
              "added": 31, "removed": 3, "files": ["ggml/src/ggml-rpc/ggml-rpc.cpp"]}
     stack = Stack(name="rpc", title="rpc : refuse foreign peers", commits=("05-rpc",))
-    assert_golden("pr/DESCRIPTION-SKELETON-no-template.md", pr.description_skeleton(None, stack, alone))
+    assert_golden("pr/DESCRIPTION-SKELETON-no-template.md", pr_docs.description_skeleton(None, stack, alone))
 
 
 def test_pr_stack_checklist():
-    assert_golden("pr/CHECKLIST.md", pr.stack_checklist(TEMPLATE, STACK, CHECKS))
+    assert_golden("pr/CHECKLIST.md", pr_docs.stack_checklist(TEMPLATE, STACK, CHECKS))
 
 
 def test_pr_evidence_folder_checklist():
     """The evidence folder's CHECKLIST.md of a run with --skip-build --skip-smoke."""
     kit = {"patches_match": True, "builds": None, "build_note": "skipped (--skip-build)", "flake8": True,
            "whitespace": True, "proof": None}
-    assert_golden("pr/evidence-CHECKLIST.md", pr.checklist(TEMPLATE, kit))
+    assert_golden("pr/evidence-CHECKLIST.md", pr_docs.checklist(TEMPLATE, kit))
 
 
 #: git format-patch's signature ("-- " ends in a space)

@@ -10,6 +10,7 @@ patched built alike, in the native, AVX2-only and scalar builds.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -109,6 +110,39 @@ def test_evidence_md_gets_the_stacks_counts_or_the_command_that_makes_them(tmp_p
     assert "REGRESSIONS" in hd.evidence_section(tmp_path, "cpu-demo", report["base"])
 
 
+def test_a_stack_is_swept_in_the_builds_its_files_reach():
+    """A stack that edits ggml-cpu runs test-backend-ops in every ISA build; one that does not
+    runs test-llama-archs alone (test-backend-ops -b CPU never reaches its code)."""
+    assert hd.stack_scope(["ggml/src/ggml-cpu/ops.cpp", "tests/test-backend-ops.cpp"]) == (
+        list(hd.ISA_BUILDS), list(hd.HARNESS_OPS))
+    assert hd.stack_scope(["src/llama-context.cpp", "ggml/src/ggml-rpc/ggml-rpc.cpp"]) == (["native"], [])
+
+
+def test_a_sweep_of_the_same_commits_is_reused_and_a_new_head_reruns(tmp_path, monkeypatch):
+    """make pr reruns cost nothing while the stack's head, the base and the scope are the same;
+    any of them moving runs the differential again, and EVIDENCE.md calls the old report stale."""
+    runs = []
+
+    def fake_run_diff(base_dir, side, isas, ops, archs, jobs, log):
+        runs.append((Path(base_dir).name, Path(side).name, tuple(isas), tuple(ops)))
+        return {"isas": list(isas), "ops": list(ops), "ok": True, "seconds": 1.0,
+                "results": [{"isa": "native", **hd.compare({"a": "OK"}, {"a": "OK"}, "test-llama-archs")}]}
+
+    monkeypatch.setattr(hd, "run_diff", fake_run_diff)
+    monkeypatch.setattr(hd, "export_commit", lambda repo, sha, dest: dest)
+    args = dict(isas=["native"], ops=[])
+    r1 = hd.sweep(None, tmp_path, "demo", "b" * 40, "1" * 40, "b1 (tree x)", **args)
+    r2 = hd.sweep(None, tmp_path, "demo", "b" * 40, "1" * 40, "b1 (tree x)", **args)
+    assert r1 == r2 and runs == [("base", "demo", ("native",), ())]
+    assert hd.verdict(tmp_path, "demo", "b1 (tree x)", "1" * 40) is True
+    assert "| `test-llama-archs` | native | 1 / 1 | 1 / 1 | 0 | 0 |" in (tmp_path / "demo" / "report.md").read_text()
+    assert hd.verdict(tmp_path, "demo", "b1 (tree x)", "2" * 40) is None
+    assert "Stale" in hd.evidence_section(tmp_path, "demo", "b1 (tree x)", "2" * 40)
+    hd.sweep(None, tmp_path, "demo", "b" * 40, "2" * 40, "b1 (tree x)", **args)
+    hd.sweep(None, tmp_path, "demo", "b" * 40, "2" * 40, "b1 (tree x)", isas=["native", "avx2"], ops=["MUL_MAT"])
+    assert len(runs) == 3 and runs[-1][2:] == (("native", "avx2"), ("MUL_MAT",))
+
+
 def test_a_new_base_is_exported_newer_than_the_last_build(tmp_path):
     """The archive dates files at their commit (2000 for an imported sdist): a re-export for a
     moved pin must still look newer than the objects built from the tree before, or the build
@@ -116,7 +150,7 @@ def test_a_new_base_is_exported_newer_than_the_last_build(tmp_path):
     import os
     import time
     from llamacpp_mla_port import gitutil
-    from llamacpp_mla_port.commands.harness_diff import _export
+    from llamacpp_mla_port.upstreaming.harness_diff import export_commit as _export
     src = tmp_path / "src"
     src.mkdir()
     gitutil.run(src, "init", "-q", ".")

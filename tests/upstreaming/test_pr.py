@@ -20,7 +20,8 @@ from llamacpp_mla_port.errors import BuildError, SeriesError
 from llamacpp_mla_port.source import obtain
 from llamacpp_mla_port.upstreaming.lint import EditorConfig, flake8_findings, whitespace_findings
 from llamacpp_mla_port.upstreaming.lint import introduced, model_naming_errors, tree_checks, ty_findings
-from llamacpp_mla_port.upstreaming.pr import PrOptions, check_commits, checklist, make_pr
+from llamacpp_mla_port.upstreaming.pr import PrOptions, check_commits, make_pr
+from llamacpp_mla_port.upstreaming.pr_docs import checklist
 from tests.helpers.upstream_drift import GRAPH, Project, make_world
 
 IDENT = gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z")
@@ -267,6 +268,39 @@ def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     assert (p.work / "pr" / "llama.cpp" / GRAPH).is_file()
 
 
+def test_make_pr_runs_upstreams_tests_per_stack_and_evidence_carries_them(world, tmp_path, monkeypatch):
+    """With harness_diff (the CLI's default), each stack's differential runs after its commit
+    builds, and its verdict is a check of the PR; a regression fails that PR alone."""
+    from llamacpp_mla_port.upstreaming import harness_diff as hd
+    p = Project(world, tmp_path, world.base)
+    swept = []
+
+    def fake_sweep(repo, root, rs, base_sha, base_label, jobs=None, log=None):
+        swept.append(rs.stack.name)
+        result = hd.compare({"a": "OK"}, {"a": "OK" if rs.stack.name == "gguf-demo" else "FAIL"}, "test-llama-archs")
+        report = {"results": [{"isa": "native", **result}], "ok": result["ok"], "seconds": 2.0,
+                  "target": rs.stack.name, "base": base_label, "base_sha": base_sha, "head": rs.head}
+        hd.write_report(root / rs.stack.name, report)
+        return report
+
+    monkeypatch.setattr(hd, "sweep_stack", fake_sweep)
+    result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
+                               skip_smoke=True, upstream_checks=False, harness_diff=True),
+                     build=lambda *a: None, smoke=None, log=lambda *_: None)
+    assert swept == ["gguf-demo", "graph-demo"]
+    gguf, graph = result["stacks"]["gguf-demo"], result["stacks"]["graph-demo"]
+    assert gguf["checks"]["upstream_tests"] is True and gguf["ok"]
+    assert graph["checks"]["upstream_tests"] is False and not graph["ok"] and not result["ok"]
+    text = (p.work / "pr" / "gguf-demo" / "EVIDENCE.md").read_text()
+    assert "no case that passes on the base fails here" in text and "| `test-llama-archs` | native |" in text
+    assert "REGRESSIONS" in (p.work / "pr" / "graph-demo" / "EVIDENCE.md").read_text()
+    # --skip-build skips the sweep: nothing is built, so nothing is compared
+    swept.clear()
+    make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates, skip_build=True,
+                      skip_smoke=True, upstream_checks=False, harness_diff=True), smoke=None, log=lambda *_: None)
+    assert swept == []
+
+
 def test_make_pr_reports_a_defect_of_one_commit(world, tmp_path):
     p = Project(world, tmp_path, world.base)
     mask = p.templates / "series" / "20-graph-demo" / "mask.cpp.j2"
@@ -354,7 +388,7 @@ def test_every_evidence_command_selects_tests_that_exist():
 
 
 def test_evidence_says_the_server_tests_did_not_run_when_the_stack_triggers_them():
-    from llamacpp_mla_port.upstreaming.pr import server_tests_note
+    from llamacpp_mla_port.upstreaming.pr_docs import server_tests_note
     note = server_tests_note(["common/arg.cpp", "docs/x.md", "ggml/src/ggml-rpc/transport.h"])
     assert note and "Not run here" in note and "2 files" in note and "common/arg.cpp" in note
     assert server_tests_note(["docs/speculative.md", "gguf-py/gguf/constants.py"]) is None     # the control

@@ -10,14 +10,7 @@ Writes work/harness-diff/<series|stack>/report.json and report.md; exit 1 on a r
 
 from __future__ import annotations
 
-import io
-import json
-import os
-import shutil
 import sys
-import tarfile
-import time
-from pathlib import Path
 
 from llamacpp_mla_port.commands.common import add_source_args, options
 
@@ -27,33 +20,14 @@ def configure(parser) -> None:
 
     add_source_args(parser)
     parser.add_argument("--stack", default=None, help="one PR stack alone on the base (default: the whole series)")
-    parser.add_argument("--isa", default=",".join(ISA_BUILDS),
-                        help="ggml-cpu builds to compare, of " + ",".join(ISA_BUILDS) + " (default: all)")
-    parser.add_argument("--ops", default=",".join(HARNESS_OPS),
-                        help="test-backend-ops ops (default: " + ",".join(HARNESS_OPS) + ")")
+    parser.add_argument("--isa", default=None,
+                        help="ggml-cpu builds to compare, of " + ",".join(ISA_BUILDS) + " (default: all for "
+                             "the series; for a stack, all when it edits ggml-cpu, else native)")
+    parser.add_argument("--ops", default=None,
+                        help="test-backend-ops ops (default: " + ",".join(HARNESS_OPS) + "; none for a "
+                             "stack that leaves ggml-cpu alone)")
     parser.add_argument("--no-archs", action="store_true", help="leave out test-llama-archs")
     parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs")
-
-
-def _export(repo, sha: str, dest: Path) -> Path:
-    """The tree of commit `sha` in dest (kept while it is the same commit)."""
-    stamp = dest.parent / "commit.txt"
-    if (dest / "CMakeLists.txt").is_file() and stamp.is_file() and stamp.read_text().strip() == sha:
-        return dest
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    data = repo.git.archive(sha, stdout_as_string=False)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")
-    # the archive dates every file at its commit: newer than the side's last build, or make
-    # would keep the objects of the tree exported before
-    now = time.time()
-    for path in dest.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            os.utime(path, (now, now))
-    stamp.write_text(sha + "\n")
-    return dest
 
 
 def run(args) -> int:
@@ -62,7 +36,7 @@ def run(args) -> int:
     from llamacpp_mla_port.source import obtain
     from llamacpp_mla_port.series.spec import load_series
     from llamacpp_mla_port.series.worktree import require_applied
-    from llamacpp_mla_port.upstreaming.harness_diff import markdown, run_diff
+    from llamacpp_mla_port.upstreaming import harness_diff as hd
 
     opts = options(args)
     pin = opts.pin()
@@ -71,27 +45,28 @@ def run(args) -> int:
     repo = obtain.cache_repo()
     places = project.places()
     root = places.harness_diff_dir
-    base_dir = root / "base"
-    _export(repo, base.sha, project.tree_in(base_dir))
+
+    def listed(text: str | None, default: list[str]) -> list[str]:
+        return default if text is None else [s for s in text.split(",") if s]
+
     if args.stack:
         series = load_series(places.templates_dir)
         rs = stacks.render_stack(repo, series, series.stack(args.stack), base.sha, pin.tag, {"pin": pin})
-        name, side = args.stack, root / args.stack
-        _export(repo, rs.head, project.tree_in(side))
+        isas, ops = hd.stack_scope(stacks.diffstat(repo, base.sha, rs.head)["files"])
+        report = hd.sweep(repo, root, args.stack, base.sha, rs.head, pin.short, listed(args.isa, isas),
+                          listed(args.ops, ops), archs=not args.no_archs, jobs=args.jobs, reuse=False,
+                          log=print)
     else:
-        name, side = "series", places.work_dir
         if not (places.work_tree / "CMakeLists.txt").is_file():
             print("error: no patched work tree: run `make patch` first", file=sys.stderr)
             return 1
         require_applied(places.work_tree)
-    report = run_diff(base_dir, side,
-                      isas=[s for s in args.isa.split(",") if s], ops=[s for s in args.ops.split(",") if s],
-                      archs=not args.no_archs, jobs=args.jobs, log=print)
-    report.update({"target": name, "base": pin.short})
-    out = root / name
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.md").write_text(f"Base {report['base']} against {name}, the same flags on both sides:\n\n"
-                                   + markdown(report))
+        hd.export_commit(repo, base.sha, project.tree_in(root / "base"))
+        report = hd.run_diff(root / "base", places.work_dir, isas=listed(args.isa, list(hd.ISA_BUILDS)),
+                             ops=listed(args.ops, list(hd.HARNESS_OPS)), archs=not args.no_archs,
+                             jobs=args.jobs, log=print)
+        report.update({"target": "series", "base": pin.short, "base_sha": base.sha})
+        hd.write_report(root / "series", report)
+    out = root / report["target"]
     print(f"{'ok' if report['ok'] else 'REGRESSIONS'}: {out / 'report.md'}")
     return 0 if report["ok"] else 1

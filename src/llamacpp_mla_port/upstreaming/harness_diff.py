@@ -10,12 +10,20 @@ A case that passes on the base and not on the patched tree is a regression. The 
 cases each side ran is reported beside it, so a side that ran nothing is seen (and refused).
 
     run_diff(base_dir, patched_dir, isas, ops, archs, jobs, log) -> dict
+    sweep(repo, root, name, base_sha, head_sha, base_label, ...) -> dict   (report.json/.md)
+
+`harness-diff` runs one sweep (the series, or --stack NAME); `make pr` runs one per PR stack,
+scoped by stack_scope, and EVIDENCE.md carries its table (evidence_section).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
+import shutil
+import tarfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -143,6 +151,98 @@ def run_diff(base_dir: Path, patched_dir: Path,
     return report
 
 
+def stack_scope(files: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(isas, ops) of a stack's differential: every ISA build and HARNESS_OPS when it edits
+    ggml-cpu; otherwise test-llama-archs on the native build (nothing else of test-backend-ops
+    -b CPU runs its code)."""
+    if any(f.startswith("ggml/src/ggml-cpu/") for f in files):
+        return list(ISA_BUILDS), list(HARNESS_OPS)
+    return ["native"], []
+
+
+def export_commit(repo, sha: str, dest: Path) -> Path:
+    """The tree of commit `sha` in dest (kept while it is the same commit)."""
+    stamp = dest.parent / "commit.txt"
+    if (dest / "CMakeLists.txt").is_file() and stamp.is_file() and stamp.read_text().strip() == sha:
+        return dest
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    data = repo.git.archive(sha, stdout_as_string=False)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dest, filter="data")
+    # the archive dates every file at its commit: newer than the side's last build, or make
+    # would keep the objects of the tree exported before
+    now = time.time()
+    for path in dest.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.utime(path, (now, now))
+    stamp.write_text(sha + "\n")
+    return dest
+
+
+def write_report(out: Path, report: dict) -> None:
+    """report.json and report.md of one sweep in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "report.md").write_text(f"Base {report['base']} against {report['target']}, the same flags "
+                                   "on both sides:\n\n" + markdown(report))
+
+
+def sweep(repo, root: Path, name: str, base_sha: str, head_sha: str, base_label: str,
+          isas: Iterable[str], ops: Iterable[str], archs: bool = True, jobs: int | None = None,
+          reuse: bool = True, log: Callable[[str], None] = lambda m: None) -> dict:
+    """Base `base_sha` against `head_sha` (a PR stack's head), exported in root/base and
+    root/<name> with their builds; the report in root/<name>/. A report of the same commits and
+    scope is reused (`make pr` reruns cost nothing)."""
+    isas, ops = list(isas), list(ops)
+    out = root / name
+    if reuse:
+        try:
+            old = json.loads((out / "report.json").read_text())
+        except (OSError, ValueError):
+            old = {}
+        if (old.get("head"), old.get("base_sha"), old.get("isas"), old.get("ops"), old.get("archs")) == \
+                (head_sha, base_sha, isas, ops, archs):
+            log(f"harness-diff {name}: the report of {head_sha[:12]} stands ({out / 'report.md'})")
+            return old
+    export_commit(repo, base_sha, tree_in(root / "base"))
+    export_commit(repo, head_sha, tree_in(out))
+    report = run_diff(root / "base", out, isas=isas, ops=ops, archs=archs, jobs=jobs, log=log)
+    report.update({"target": name, "base": base_label, "base_sha": base_sha, "head": head_sha,
+                   "archs": archs})
+    write_report(out, report)
+    return report
+
+
+def sweep_stack(repo, root: Path, rs, base_sha: str, base_label: str, jobs: int | None = None,
+                log: Callable[[str], None] = lambda m: None) -> dict:
+    """sweep() of a rendered PR stack (series.stacks.RenderedStack), scoped by stack_scope."""
+    from llamacpp_mla_port.series.stacks import diffstat
+
+    isas, ops = stack_scope(diffstat(repo, base_sha, rs.head)["files"])
+    return sweep(repo, root, rs.stack.name, base_sha, rs.head, base_label, isas, ops, jobs=jobs, log=log)
+
+
+def _stack_report(report_dir: Path, name: str, base: str, head: str | None) -> tuple[dict | None, str]:
+    """(the stack's report, "") when it is of `base` (and `head`), else (None, why not)."""
+    path = report_dir / name / "report.json"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None, "absent"
+    if report.get("base") != base or (head and report.get("head") not in (None, head)):
+        return None, (f"Stale: {path} compares {str(report.get('head', '?'))[:12]} against "
+                      f"{report.get('base')}, not this PR against {base}")
+    return report, ""
+
+
+def verdict(report_dir: Path, name: str, base: str, head: str | None = None) -> bool | None:
+    """The stack's differential: True (no regression), False, or None (not run, or stale)."""
+    report, _ = _stack_report(report_dir, name, base, head)
+    return None if report is None else bool(report.get("ok"))
+
+
 def _line(r: dict) -> str:
     ok_b, ok_p = r["base"].get("OK", 0), r["patched"].get("OK", 0)
     return (f"{r['what']} ({r['isa']}): base {ok_b}/{r['base_cases']} OK, patched {ok_p}/{r['patched_cases']} OK, "
@@ -160,20 +260,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def evidence_section(report_dir: Path, name: str, base: str) -> str:
+def evidence_section(report_dir: Path, name: str, base: str, head: str | None = None) -> str:
     """EVIDENCE.md's section of upstream's own tests for `name` (a stack): the counts of its
-    `harness-diff` run against `base`, or the command that makes them."""
+    `harness-diff` run against `base` (of commit `head` when given), or the command that makes them."""
     command = f'make harness-diff HARNESS_ARGS="--stack {name}"'
-    head = ["", "## Upstream's tests, base against this PR", ""]
-    path = report_dir / name / "report.json"
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return "\n".join(head + [f"Not run: `{command}` builds the base and this PR with the same "
-                                 "flags and compares test-llama-archs and test-backend-ops.", ""])
-    if report.get("base") != base:
-        return "\n".join(head + [f"Stale: {path} compares against {report.get('base')}, not {base}: "
-                                 f"rerun `{command}`.", ""])
-    verdict = "no case that passes on the base fails here" if report.get("ok") else "REGRESSIONS"
-    return "\n".join(head + [f"`{command}` ({report.get('seconds')} s): {verdict}.", "",
-                             markdown(report)])
+    head_lines = ["", "## Upstream's tests, base against this PR", ""]
+    report, why = _stack_report(report_dir, name, base, head)
+    if report is None and why == "absent":
+        return "\n".join(head_lines + [f"Not run: `{command}` (or `make pr`) builds the base and this "
+                                       "PR with the same flags and compares test-llama-archs and "
+                                       "test-backend-ops.", ""])
+    if report is None:
+        return "\n".join(head_lines + [f"{why}: rerun `{command}`.", ""])
+    ok = "no case that passes on the base fails here" if report.get("ok") else "REGRESSIONS"
+    return "\n".join(head_lines + [f"`{command}` ({report.get('seconds')} s): {ok}.", "",
+                                   markdown(report)])

@@ -20,9 +20,9 @@ import unidiff
 
 from llamacpp_mla_port import gitutil
 from llamacpp_mla_port.series.spec import Series, Stack
+from llamacpp_mla_port.upstreaming.pr_docs import DESCRIPTION
 
 PLAN, ISSUE, COMMENT = "PLAN.md", "ISSUE-SKELETON.md", "COMMENT-KIT.md"
-DESCRIPTION = "DESCRIPTION-SKELETON.md"     # pr.DESCRIPTION (pr imports this module)
 FORMS = ".github/ISSUE_TEMPLATE"
 #: when the base tree has no feature-request form (upstream's 020-enhancement.yml sections)
 FALLBACK_SECTIONS = (("Feature Description", True), ("Motivation", True),
