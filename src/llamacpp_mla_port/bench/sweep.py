@@ -17,9 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from llamacpp_mla_port.bench import floors as fl
+from llamacpp_mla_port.gguf.contract import K3_DSPARK_REAL_CONFIG as _CFG
 
 #: name -> (K, M): the draft's largest weight shapes (K kept; M of lm_head cut to 16384)
-SHAPES = {"lm_head": (7168, 16384), "ffn_down": (14336, 7168)}
+SHAPES = {"lm_head": (_CFG["hidden_size"], 16384), "ffn_down": (_CFG["intermediate_size"], _CFG["hidden_size"])}
 TYPES = ("bf16", "q8_0")
 N_VALUES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 17, 32, 64)
 #: compute-bound column counts: the best rate among them is the floor's second term

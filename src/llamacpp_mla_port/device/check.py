@@ -24,12 +24,13 @@ from llamacpp_mla_port.device.judge import judge_parity
 from llamacpp_mla_port.device.report import format_report
 from llamacpp_mla_port.device.toolkit import cuda_toolkit_args
 from llamacpp_mla_port.errors import DeviceCheckError, PortError, ProcessError
+from llamacpp_mla_port.gguf.contract import K3_BLOCK, K3_DSPARK_REAL_CONFIG
 from llamacpp_mla_port.process import run
 from llamacpp_mla_port.project import build_in, tree_in
 from llamacpp_mla_port.proof.run.processes import Owned
 
-#: the real config's DeepSeek-YaRN factor (fixtures.checkpoint.K3_DSPARK_REAL_CONFIG)
-REAL_YARN_FACTOR = 32.0
+#: the real config's DeepSeek-YaRN factor
+REAL_YARN_FACTOR = K3_DSPARK_REAL_CONFIG["rope_parameters"]["factor"]
 #: the callback name of v_b's product in each form: build_attn's fattn_mla-IL with flash
 #: attention on (the series, deepseek2's form), the overlay's attn_out_v_b-IL
 V_B_NODE = {"permuted": "fattn_mla", "broadcast": "attn_out_v_b"}
@@ -55,11 +56,14 @@ def realsize_config(reduced: bool) -> dict:
     """fixtures.draft_gguf config of the real draft (or the dry run's reduced one: the real
     latent 512 + 64, everything else smaller) and the target's width and vocabulary."""
     if not reduced:
-        return {"n_embd": 7168, "n_vocab": 163840, "draft": {
-            "num_hidden_layers": 5, "num_attention_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
-            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "intermediate_size": 14336,
-            "markov_rank": 256, "block_size": 7, "target_layers": [1, 2, 3, 4, 5], "rope_theta": 50000.0,
-            "rope_scaling_factor": REAL_YARN_FACTOR, "original_max_position_embeddings": 32768, "std": 0.02}}
+        cfg = K3_DSPARK_REAL_CONFIG
+        keys = ("num_hidden_layers", "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                "qk_rope_head_dim", "v_head_dim", "intermediate_size", "markov_rank", "rope_theta")
+        return {"n_embd": cfg["target_hidden_size"], "n_vocab": cfg["vocab_size"], "draft": {
+            **{k: cfg[k] for k in keys}, "block_size": K3_BLOCK, "target_layers": [1, 2, 3, 4, 5],
+            "rope_scaling_factor": REAL_YARN_FACTOR,
+            "original_max_position_embeddings": cfg["rope_parameters"]["original_max_position_embeddings"],
+            "std": 0.02}}
     return {"n_embd": 1024, "n_vocab": 16384, "draft": {
         "num_hidden_layers": 5, "num_attention_heads": 16, "q_lora_rank": 384, "kv_lora_rank": 512,
         "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "intermediate_size": 2048,

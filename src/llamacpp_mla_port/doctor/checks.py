@@ -80,7 +80,7 @@ def _variant_note(ctx: Context) -> str:
     if hp["block_count"] == 3 and hp["attention.head_count"] == 96:
         return "; 3 layers x 96 heads looks like Inferact's Block5 variant, not Kimi-K3-DSpark"
     if hp["embedding_length"] == K3_N_EMBD and hp["n_vocab"] == K3_VOCAB:
-        return "; n_embd 7168 and vocab 163840 match Kimi-K3"
+        return f"; n_embd {K3_N_EMBD} and vocab {K3_VOCAB} match Kimi-K3"
     return ""
 
 

@@ -21,7 +21,8 @@ REAL_TAPS = [0, 1, 2, 3, 4]
 
 
 def real_draft_config(taps=REAL_TAPS, n_target_layers: int = len(REAL_TARGET_LAYERS)) -> dict:
-    from llamacpp_mla_port.fixtures.checkpoint import K3_DSPARK_REAL_CONFIG, k3_dspark_config
+    from llamacpp_mla_port.fixtures.checkpoint import k3_dspark_config
+    from llamacpp_mla_port.gguf.contract import K3_DSPARK_REAL_CONFIG
     return k3_dspark_config(**{**K3_DSPARK_REAL_CONFIG, "target_layer_ids": list(taps),
                                "target_num_hidden_layers": n_target_layers})
 
