@@ -282,13 +282,13 @@ def render_markdown(report: dict, plots: list[str]) -> str:
 
 
 def write_report(report: dict, out_dir: Path) -> Path:
-    import json
+    from llamacpp_mla_port.stages import write_json
 
     out_dir = Path(out_dir)
     report.setdefault("machine", machine())
     report.setdefault("date", datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
     plots = _plots(report, out_dir / "plots")
-    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    write_json(out_dir / "report.json", report, indent=1, default=str)
     md = out_dir / "report.md"
     md.write_text(render_markdown(report, plots))
     return md

@@ -36,7 +36,7 @@ import numpy as np
 from llamacpp_mla_port import process
 from llamacpp_mla_port.build import TARGET_SETS
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.stages import Stages
+from llamacpp_mla_port.stages import Stages, write_json
 
 #: what a stage needs from earlier ones (a --stages subset runs these too)
 NEEDS = {"floors": {"models"}, "kv": {"models"}, "passes": {"models", "floors"}, "torch": {"models", "kv", "passes"}}
@@ -83,7 +83,7 @@ class Bench:
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "report.json").write_text(json.dumps(self.report, indent=1, default=str) + "\n")
+        write_json(self.out / "report.json", self.report, indent=1, default=str)
 
     def cmd(self, key: str, argv) -> None:
         """Record the command that reproduces a figure."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.errors import PortError
 from llamacpp_mla_port.source.obtain import SOURCES
+from llamacpp_mla_port.stages import write_json
 from llamacpp_mla_port.upstreaming.rebase import RebaseOptions, format_text, rebase
 
 
@@ -120,7 +121,7 @@ def _run_full_canary(args: argparse.Namespace) -> int:
                         on_stage=lambda name, entry: line(stage_line(name, entry)))
     opts.canary_dir.mkdir(parents=True, exist_ok=True)
     path = opts.canary_dir / REPORT_NAME
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(path, report, indent=2)
     onto = (report.get("onto") or {}).get("tag") or args.onto
     done = "builds and proves" if report["stages"]["proof"].get("ok") else "builds (no proof)"
     if report["stages"]["stacks"].get("ok"):

@@ -41,7 +41,6 @@ $OUT (device) or work/device-check/ (dry run) after every stage:
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import sys
@@ -51,6 +50,7 @@ from pathlib import Path
 
 from llamacpp_mla_port.errors import DeviceCheckError
 from llamacpp_mla_port.process import run
+from llamacpp_mla_port.stages import write_json
 
 # the bundle and the dry run's report: project.Places.device_bundle / device_dry_out
 #: what one device call carries at most: the working tree and the carried folders together
@@ -350,7 +350,7 @@ def prepare_bundle(tree: Path, build: Path, bundle: Path, repo_root: Path | None
                 "tree_tarball": tar, "wheels": wheels, "fixtures": fixtures, "sizes": sizes,
                 "device_call": DEVICE_CALL, "lossless_prompts": n_prompts}
     (bundle / "README.md").write_text(bundle_readme(manifest))
-    (bundle / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    write_json(bundle / "MANIFEST.json", manifest, indent=1)
     others = travelling_tree_bytes(repo_root) if repo_root else None
     manifest.update(checkout_travelling_bytes=others, carry_limit_bytes=CARRY_LIMIT,
                     seconds=round(time.monotonic() - t0, 1))
@@ -358,7 +358,7 @@ def prepare_bundle(tree: Path, build: Path, bundle: Path, repo_root: Path | None
     while total != folder_bytes(bundle):       # the manifest counts itself: write until it is stable
         total = folder_bytes(bundle)
         manifest.update(bundle_bytes=total, carried_total_bytes=total + (others or 0))
-        (bundle / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        write_json(bundle / "MANIFEST.json", manifest, indent=1)
     if manifest["carried_total_bytes"] > CARRY_LIMIT:
         raise DeviceCheckError(f"the device call would carry {manifest['carried_total_bytes']:,} B "
                                f"(bundle {total:,} + checkout {others or 0:,}), over {CARRY_LIMIT:,}",

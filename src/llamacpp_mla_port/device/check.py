@@ -28,6 +28,7 @@ from llamacpp_mla_port.gguf.contract import K3_BLOCK, K3_DSPARK_REAL_CONFIG
 from llamacpp_mla_port.process import run
 from llamacpp_mla_port.project import build_in, tree_in
 from llamacpp_mla_port.proof.run.processes import Owned
+from llamacpp_mla_port.stages import write_json
 
 #: the real config's DeepSeek-YaRN factor
 REAL_YARN_FACTOR = K3_DSPARK_REAL_CONFIG["rope_parameters"]["factor"]
@@ -156,7 +157,7 @@ class Check:
         self.report["seconds"] = round(time.monotonic() - self.t0, 1)
         self.report["ok"] = bool(self.report["stages"]) and all(
             s.get("ok") for s in self.report["stages"].values() if not s.get("skipped"))
-        (self.out / "report.json").write_text(json.dumps(self.report, indent=1, default=str) + "\n")
+        write_json((self.out / "report.json"), self.report, indent=1, default=str)
         (self.out / "report.md").write_text(format_report(self.report))
 
     def stage(self, name: str, fn, needs_s: float = 0.0) -> None:
@@ -510,7 +511,7 @@ def _models_main(argv: list[str]) -> int:
         sys.stderr.write("usage: python -m llamacpp_mla_port.device.check models TINY_TARGET OUT_DIR [--reduced]\n")
         return 2
     res = write_realsize_models(Path(argv[1]), Path(argv[2]), reduced="--reduced" in argv)
-    (Path(argv[2]) / "models.json").write_text(json.dumps(res, indent=1) + "\n")
+    write_json(Path(argv[2]) / "models.json", res, indent=1)
     print(json.dumps(res))
     return 0
 

@@ -19,6 +19,7 @@ from llamacpp_mla_port.proof.reference.precision import (EXACT, Q8_0_BLOCK, Prec
                                                          round_to)
 from llamacpp_mla_port.proof.reference.model import (TAP_CONTEXT_ROWS, TAP_EMBEDDINGS, DraftOutputs, DraftReference,
                                                      nmse, stage_outputs, stream_taps)
+from llamacpp_mla_port.stages import write_json
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def write_parity_checkpoint(out_dir: Path, config: dict, seed: int, dtype: str) 
     tensors = {k: v.to(getattr(torch, dtype)).contiguous() for k, v in tensors.items()}
     cfg = json.loads((out_dir / "config.json").read_text())
     cfg["torch_dtype"] = dtype
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_json(out_dir / "config.json", cfg, indent=2)
     save_file(tensors, str(path), metadata={"format": "pt"})
     return out_dir
 
@@ -404,7 +405,7 @@ def run_parity(tree: Path, build: Path, work: Path, target_for: TargetFactory, h
         report["configs"][pcfg.name] = entry
     report["modes"] = mode_table(report, modes)
     # every per-output figure, for diagnosis (the smoke report keeps the summary per mode)
-    (work / "parity-report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    write_json((work / "parity-report.json"), report, indent=1, default=str)
     return ParityResult(report)
 
 

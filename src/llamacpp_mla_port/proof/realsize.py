@@ -6,13 +6,13 @@ Design and bounds: docs/proof.md#realsize.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.stages import write_json
 
 REAL_TARGET_LAYERS = "MKKMKK"
 REAL_TARGET_RES_BLOCK = 2
@@ -188,5 +188,5 @@ def run_real_lossless(tree: Path, build: Path, work: Path, n_prompts: int = 4, n
     report["mismatches"] = mismatches[:20]
     report["n_mismatches"] = len(mismatches)
     report["seconds"] = round(time.monotonic() - t0, 1)
-    (work / "realsize-lossless.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_json(work / "realsize-lossless.json", report, indent=1)
     return report

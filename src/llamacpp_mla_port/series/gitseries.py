@@ -27,6 +27,7 @@ from llamacpp_mla_port.errors import PatchApplyError, SeriesError
 from llamacpp_mla_port.series.render import RenderedCommit
 from llamacpp_mla_port.series.spec import Series
 from llamacpp_mla_port.source.pin import Pin
+from llamacpp_mla_port.stages import write_json
 
 MANIFEST = "manifest.json"
 SERIES = "series"
@@ -79,7 +80,7 @@ def export(repo: git.Repo, base_sha: str, head_sha: str, out_dir: Path, pin: Pin
         "apply": "git am -3 $(sed 's|^|patches/|' patches/series)",
         "patches": [patch_entry(out_dir / n) for n in names],
     }
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    write_json(out_dir / MANIFEST, manifest, indent=2)
     return names
 
 

@@ -22,6 +22,7 @@ from llamacpp_mla_port.errors import PatchApplyError, SeriesError, WorkTreeError
 from llamacpp_mla_port.series import gitseries
 from llamacpp_mla_port.series.spec import Series
 from llamacpp_mla_port.source.obtain import Base, cache_repo
+from llamacpp_mla_port.stages import write_json
 
 STATE_FILE = "llamacpp-mla-port.json"
 BASE_BRANCH = "mla-port-base"
@@ -72,9 +73,7 @@ class Workspace:
 
     def save_state(self, **updates) -> None:
         state = {**self.state(), **updates}
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.state_path)
+        write_json(self.state_path, state, sort_keys=True)
 
     def repo(self) -> git.Repo:
         return git.Repo(str(self.tree))
@@ -120,9 +119,9 @@ class Workspace:
             gitutil.run(partial, "remote", "remove", "origin")
             gitutil.run(partial, "update-ref", "refs/mla-port/base", base.sha)
         gitutil.run(partial, "checkout", "-q", "-b", BASE_BRANCH, base.sha)
-        (partial / ".git" / STATE_FILE).write_text(json.dumps({
+        write_json(partial / ".git" / STATE_FILE, {
             "base": base.sha, "upstream_commit": upstream_commit, "source": base.source,
-            "tree": base.tree, "head": None, "status": "base"}, indent=2, sort_keys=True) + "\n")
+            "tree": base.tree, "head": None, "status": "base"}, sort_keys=True)
         os.replace(partial, self.tree)
         log(f"work tree {self.tree}: llama.cpp {upstream_commit[:12]} from {base.source}")
 

@@ -38,7 +38,7 @@ from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.series.worktree import Workspace, apply_series
 from llamacpp_mla_port.source.obtain import cache_repo
-from llamacpp_mla_port.stages import StageFailed, Stages
+from llamacpp_mla_port.stages import StageFailed, Stages, write_json
 from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.upstreaming.rebase import MERGED, RebaseOptions, rebase
 from llamacpp_mla_port.upstreaming.targets import Target
@@ -251,7 +251,7 @@ def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:
     with open(work / "proof.log", "w") as progress, contextlib.redirect_stderr(progress):
         report = run_smoke(ws.tree, ws.build_dir, work, no_build=True, server=opts.server,
                            quick=opts.quick, threads=opts.threads)
-    (work / "smoke.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(work / "smoke.json", report, indent=2)
     figures = proof_summary(report)
     figures["lossless_runs"] = _lossless_counts(report.get("lossless") or {})
     figures["target_side"] = report.get("target_side")
