@@ -22,6 +22,7 @@ STAMP  := $(VENV)/.installed
 #   BENCH_ARGS="--threads 4 --stages models,floors,passes"
 #   DRY_RUN=1      make device-check: run the GPU check's bundle here with CUDA off
 #   HARNESS_ARGS="--stack cpu-fa-kv-head-tiles --isa native,avx2"   (make harness-diff)
+#   UPSTREAM_BENCH_ARGS="--stack cpu-q0-odd-columns -t 2 -r 2"   (make upstream-bench)
 PATCH_ARGS ?=
 BUILD_ARGS ?=
 RPC ?=
@@ -34,7 +35,7 @@ BENCH_ARGS ?=
 DRY_RUN ?=
 HARNESS_ARGS ?=
 
-.PHONY: help venv patch check build smoke parity test test-slow pr canary bench bench-rpc device-check harness-diff clean-work clean
+.PHONY: help venv patch check build smoke parity test test-slow pr canary bench bench-rpc device-check harness-diff upstream-bench clean-work clean
 
 help:
 	@echo "make venv        the project-local .venv/ alone (the targets that run the tool make it first)"
@@ -45,12 +46,13 @@ help:
 	@echo "make parity      the logit-parity matrix and threshold table on PARITY_BUILD (default work/build)"
 	@echo "make test        the test suite (drift check, engine, runtime, converter, proof, doctor)"
 	@echo "make test-slow   real-size checks: real-config conversion, the real-size pair lossless (~20 GB disk)"
-	@echo "make pr          upstream kit: one folder per PR stack in work/pr/ (patches, squashed patch, evidence, checklist)"
+	@echo "make pr          upstream kit: one folder per PR stack in work/pr/ (patches, evidence with upstream tables, checklist)"
 	@echo "make canary      render, apply, build and prove the series on the newest known upstream (./work-canary)"
 	@echo "make bench       real-size draft vs measured floors, PyTorch, KV, tool timings: work/bench/report.md"
 	@echo "make bench-rpc   local vs RPC (two loopback ggml-rpc-servers) timings, side by side"
 	@echo "make device-check  the GPU check: offline bundle for a device machine (DRY_RUN=1: run it here, CUDA off)"
 	@echo "make harness-diff  upstream's tests (test-llama-archs, test-backend-ops) on the base and patched, same flags"
+	@echo "make upstream-bench  llama-bench / test-backend-ops perf, base against each CPU stack: compare-llama-bench tables"
 	@echo "make clean-work  delete the tool-owned work dirs ./work and ./work-canary"
 	@echo "make clean       clean-work, and delete .venv/ and the pytest and hypothesis caches"
 
@@ -100,6 +102,9 @@ device-check: build
 
 harness-diff: patch
 	$(TOOL) harness-diff $(HARNESS_ARGS)
+
+upstream-bench: $(STAMP)
+	$(TOOL) upstream-bench $(UPSTREAM_BENCH_ARGS)
 
 clean-work:
 	rm -rf work work-canary

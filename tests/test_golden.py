@@ -31,7 +31,7 @@ NAMES = {
                "rebase/stack-conflict.txt"),
     "canary": ("canary/ok.txt", "canary/build-fails.txt"),
     "pr": ("pr/EVIDENCE.md", "pr/DESCRIPTION-SKELETON.md", "pr/DESCRIPTION-SKELETON-no-template.md",
-           "pr/CHECKLIST.md", "pr/evidence-CHECKLIST.md", "pr/WALKTHROUGH.md"),
+           "pr/CHECKLIST.md", "pr/evidence-CHECKLIST.md", "pr/WALKTHROUGH.md", "pr/upstream-bench.md"),
 }
 
 
@@ -430,3 +430,19 @@ def test_pr_walkthrough(tmp_path):
     base = {"src/llama-model.cpp": "int known_helper(int x) { return x; }\n"}
     text = walkthrough.render(STACK, sorted(tmp_path.glob("*.patch")), lambda path: base.get(path, ""))
     assert_golden("pr/WALKTHROUGH.md", text)
+
+
+def test_upstream_bench_markdown():
+    """The section EVIDENCE.md opens with for a stack with a bench table."""
+    from llamacpp_mla_port.upstreaming import upstream_bench
+    table = ("| CPU | Model | Test | t/s aaaaaaaa | t/s bbbbbbbb | Speedup |\n"
+             "|:----|:------|:-----|-------------:|-------------:|--------:|\n"
+             "| AMD EPYC 9B45 | llama 3B Q8_0 | pp7 | 20.01 | 24.50 | 1.22 |")
+    report = {"stack": "cpu-q0-odd-columns", "base": "b11434 (tree 27d5f643d32b)", "base_sha": "a" * 40,
+              "head": "b" * 40, "seconds": 812.4, "settings": {"threads": "1,2", "reps": 3},
+              "models": {"shape": "Llama-3.2-3B", "n_layer": 4, "of_layers": 28,
+                         "files": ["llama-3.2-3b-4L-q8_0.gguf"]},
+              "builds": {isa: {"cmake": cmake, "tables": {"llama-bench": table, "test-backend-ops": table},
+                               "commands": ["llama-bench -m llama-3.2-3b-4L-q8_0.gguf -p 1,7 -n 0 -o sql"]}
+                         for isa, cmake in (("native", []), ("avx2", ["-DGGML_NATIVE=OFF", "-DGGML_AVX512=OFF"]))}}
+    golden.assert_golden("pr/upstream-bench.md", upstream_bench.markdown(report))

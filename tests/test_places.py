@@ -29,14 +29,16 @@ VERB_FLAGS: dict[str, set[str]] = {
     "target-features": {"--work-dir", "--tree", "--build-dir"},
     "parity": {"--work-dir", "--tree", "--build-dir"},
     "smoke": {"--work-dir", "--tree", "--build-dir"},
+    "prove": {"--work-dir", "--tree", "--build-dir"},
     "bench": {"--work-dir", "--tree", "--build-dir"},
     "device-check": {"--work-dir", "--tree", "--build-dir"},
     "pr": {"--work-dir"},            # its --build-dir is the per-commit builds' own dir
     "rebase": {"--work-dir"},
     "harness-diff": {"--work-dir"},
+    "upstream-bench": {"--work-dir"},
 }
 #: verbs with a scratch folder of their own: --scratch-dir, once spelled --work
-SCRATCH = {"smoke", "parity", "device-check"}
+SCRATCH = {"smoke", "prove", "parity", "device-check"}
 #: canonical flag -> the Places property it names
 PROPERTY = {"--work-dir": "work_dir", "--tree": "tree", "--build-dir": "build_dir"}
 

@@ -29,16 +29,22 @@ COMMANDS: dict[str, str] = {
     "target-features": "dump the hidden states the patched Kimi-K3 target hands a draft",
     "parity": "the draft's logit-parity matrix against one build, with the per-mode threshold table",
     "smoke": "build, make fixtures, run parity and lossless checks, print one JSON report",
+    "prove": "the proof, by the name that says what it does: the same verb as smoke",
     "bench": "the draft at Kimi-K3's real size against measured floors: work/bench/report.md",
     "device-check": "the pair on a GPU: the offline bundle for a device machine (--dry-run: run it here, CUDA off)",
     "pr": "check each commit builds and lints, run the proof, write an evidence folder",
     "rebase": "re-render the series against a newer upstream and move the pin forward",
     "harness-diff": "upstream's own tests on the base and patched, same flags: no case that passes on the base fails",
+    "upstream-bench": "llama-bench and test-backend-ops perf, base against each PR stack: compare-llama-bench tables",
 }
 
 
+#: verbs that are another verb under a second name (the module of the first)
+ALIASES = {"prove": "smoke"}
+
+
 def module_of(verb: str) -> str:
-    return "llamacpp_mla_port.commands." + verb.replace("-", "_")
+    return "llamacpp_mla_port.commands." + ALIASES.get(verb, verb).replace("-", "_")
 
 
 def build_parser() -> argparse.ArgumentParser:

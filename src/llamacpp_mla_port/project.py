@@ -197,6 +197,11 @@ class Places:
         return self.work_dir / "bench-rpc"
 
     @property
+    def upstream_bench_dir(self) -> Path:
+        """upstream-bench: the standard-shape models, one SQLite file per stack and build, reports."""
+        return self.work_dir / "upstream-bench"
+
+    @property
     def harness_diff_dir(self) -> Path:
         """The base-against-patched runs of upstream's tests: base/, one folder per stack, reports."""
         return self.work_dir / "harness-diff"

@@ -284,15 +284,38 @@ def test_make_pr_runs_upstreams_tests_per_stack_and_evidence_carries_them(world,
         return report
 
     monkeypatch.setattr(hd, "sweep_stack", fake_sweep)
+    from llamacpp_mla_port.upstreaming import upstream_bench as ub
+    benched = []
+
+    def fake_bench(repo, rs, base_sha, base_label, places, settings, log):
+        benched.append((rs.stack.name, rs.stack.bench.types))
+        report = {"stack": rs.stack.name, "base": base_label, "base_sha": base_sha, "head": rs.head,
+                  "seconds": 1.0, "settings": {"threads": "2", "reps": 1},
+                  "models": {"shape": "Llama-3.2-3B", "n_layer": 1, "of_layers": 28, "files": ["m.gguf"]},
+                  "builds": {"native": {"cmake": [], "tables": {"llama-bench": "| pp7 | 1.01 |"}, "commands": []}}}
+        (places.upstream_bench_dir / rs.stack.name).mkdir(parents=True)
+        (places.upstream_bench_dir / rs.stack.name / "report.json").write_text(json.dumps(report))
+        return report
+
+    monkeypatch.setattr(ub, "run_stack", fake_bench)
+    port = p.templates / "port.toml"
+    port.write_text(port.read_text() + '\n[stacks.graph-demo.bench]\ntypes = ["q8_0"]\n')
     result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
-                               skip_smoke=True, upstream_checks=False, harness_diff=True),
+                               skip_smoke=True, upstream_checks=False, harness_diff=True, upstream_bench=True),
                      build=lambda *a: None, smoke=None, log=lambda *_: None)
-    assert swept == ["gguf-demo", "graph-demo"]
+    assert swept == ["gguf-demo", "graph-demo"] and benched == [("graph-demo", ("q8_0",))]
+    graph_text = (p.work / "pr" / "graph-demo" / "EVIDENCE.md").read_text()
+    # upstream's tools lead, the project's own claims follow in an appendix
+    assert graph_text.index("| pp7 | 1.01 |") < graph_text.index("## Upstream's tests") < graph_text.index(
+        "## Appendix: the project's own checks") < graph_text.index("demo-figure")
+    assert "ARM" in (p.work / "pr" / "graph-demo" / "CHECKLIST.md").read_text()
     gguf, graph = result["stacks"]["gguf-demo"], result["stacks"]["graph-demo"]
     assert gguf["checks"]["upstream_tests"] is True and gguf["ok"]
     assert graph["checks"]["upstream_tests"] is False and not graph["ok"] and not result["ok"]
     text = (p.work / "pr" / "gguf-demo" / "EVIDENCE.md").read_text()
     assert "no case that passes on the base fails here" in text and "| `test-llama-archs` | native |" in text
+    assert text.index("## Upstream's benchmarks") < text.index("## Upstream's tests")
+    assert "No performance claim" in text         # gguf-demo has no [bench] table
     assert "REGRESSIONS" in (p.work / "pr" / "graph-demo" / "EVIDENCE.md").read_text()
     # --skip-build skips the sweep: nothing is built, so nothing is compared
     swept.clear()

@@ -37,6 +37,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-harness-diff", action="store_true",
                         help="do not run upstream's tests on the base and on each stack (harness-diff; "
                              "a stack's report of the same commits is reused)")
+    parser.add_argument("--skip-upstream-bench", action="store_true",
+                        help="do not run llama-bench / test-backend-ops perf on the base and on the stacks "
+                             "with a bench table (upstream-bench; a report of the same commits is reused)")
     parser.add_argument("--stack", dest="stacks", action="append", default=[], metavar="NAME",
                         help="only this PR stack (templates/port.toml [stacks]; repeatable)")
     parser.add_argument("--smoke-arg", dest="smoke_args", action="append", default=[],
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                      jobs=args.jobs, skip_build=args.skip_build, skip_smoke=args.skip_smoke,
                      smoke_args=tuple(args.smoke_args), skip_evidence=args.skip_evidence,
                      stacks=tuple(args.stacks), upstream_checks=not args.skip_upstream_checks,
-                     harness_diff=not args.skip_harness_diff)
+                     harness_diff=not args.skip_harness_diff, upstream_bench=not args.skip_upstream_bench)
     result = make_pr(opts)
     for c in result["commits"]:
         print(f"{c['sha'][:12]} {'ok    ' if c['ok'] else 'FAILED'} {c['title']}")

@@ -20,7 +20,10 @@ _CHANGE_KEYS = {"file", "anchor", "within", "within_end", "placement", "template
 _COMMIT_KEYS = {"vars", "change", "stack"}
 _STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _STACK_KEYS = {"title", "summary", "evidence", "depends", "upstream", "comment_on", "order",
-               "issue_first", "overlaps", "issue_facts"}
+               "issue_first", "overlaps", "issue_facts", "bench"}
+#: [stacks.NAME.bench]: what upstream's own benchmarks run on the base and the stack
+_BENCH_KEYS = {"types": list, "prompts": str, "args": list, "ops": list, "params": str, "shape": str}
+BENCH_TYPES = ("f16", "bf16", "q8_0", "q4_0")
 _EVIDENCE_KEYS = {"claim", "command"}
 _OVERLAP_KEYS = {"ref", "relation"}
 #: what a stack becomes upstream: its own pull request, or a comment on an open one
@@ -66,6 +69,17 @@ class Overlap:
 
 
 @dataclass(frozen=True)
+class Bench:
+    """[stacks.NAME.bench]: the stack's evidence in upstream's format (upstreaming/upstream_bench.py)."""
+    types: tuple[str, ...]            # GGUF types of the models (BENCH_TYPES)
+    prompts: str = "1,2,3,4,5,6,7,8,12,16,32,64,512"    # llama-bench -p
+    args: tuple[str, ...] = ()        # more llama-bench options, e.g. ("-fa", "1", "-d", "0,4096")
+    ops: tuple[str, ...] = ()         # test-backend-ops perf -o OP
+    params: str = ""                  # test-backend-ops perf -p REGEX (the cases of those ops)
+    shape: str = "llama-3.2-3b"       # fixtures/standard_model.SHAPES
+
+
+@dataclass(frozen=True)
 class Stack:
     """One pull request upstream would get: series commits, in series order, that apply
     alone on the pinned base (port.toml [stacks.NAME])."""
@@ -82,6 +96,7 @@ class Stack:
     issue_first: bool = False        # a feature: an upstream issue comes before the PR
     overlaps: tuple[Overlap, ...] = ()
     issue_facts: tuple[str, ...] = ()   # facts the issue cites (ISSUE-SKELETON.md)
+    bench: Bench | None = None       # upstream's benchmarks, base against the stack
 
 
 @dataclass(frozen=True)
@@ -270,8 +285,25 @@ def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
                          summary=table.get("summary", ""),
                          evidence=tuple(Evidence(e["claim"], e["command"])
                                         for e in table.get("evidence", [])),
+                         bench=_bench(path, name, table.get("bench")),
                          **_plan_keys(path, name, table, names.index(name) + 1)))
     return _check_plan(path, tuple(out), [n for n in names if "order" not in raw[n]])
+
+
+def _bench(path: Path, name: str, table) -> Bench | None:
+    """[stacks.NAME.bench], checked (None when the stack has none)."""
+    if table is None:
+        return None
+    fix = ("keys " + ", ".join(f"{k} ({t.__name__})" for k, t in _BENCH_KEYS.items())
+           + f"; `types` non-empty, of {', '.join(BENCH_TYPES)}")
+    if (not isinstance(table, dict) or set(table) - set(_BENCH_KEYS)
+            or any(not isinstance(v, _BENCH_KEYS[k]) for k, v in table.items())
+            or not table.get("types") or set(table["types"]) - set(BENCH_TYPES)
+            or any(not isinstance(x, str) for k in ("args", "ops") for x in table.get(k, []))):
+        raise PortDescriptionError(f"{path}: [stacks.{name}.bench] = {table!r}", fix)
+    return Bench(types=tuple(table["types"]), args=tuple(table.get("args", ())),
+                 ops=tuple(table.get("ops", ())),
+                 **{k: table[k] for k in ("prompts", "params", "shape") if k in table})
 
 
 def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:

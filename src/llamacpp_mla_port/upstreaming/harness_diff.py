@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 from llamacpp_mla_port.build import ensure_build
 from llamacpp_mla_port.errors import BuildError, ProofError
 from llamacpp_mla_port.project import build_in, tree_in
+from llamacpp_mla_port.stages import write_json
 
 #: CMake options of each ggml-cpu build; every option not named keeps its default on both sides
 ISA_BUILDS: dict[str, tuple[str, ...]] = {
@@ -184,7 +185,7 @@ def export_commit(repo, sha: str, dest: Path) -> Path:
 def write_report(out: Path, report: dict) -> None:
     """report.json and report.md of one sweep in `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_json((out / "report.json"), report, indent=1)
     (out / "report.md").write_text(f"Base {report['base']} against {report['target']}, the same flags "
                                    "on both sides:\n\n" + markdown(report))
 

@@ -44,11 +44,13 @@ from llamacpp_mla_port.series.gitseries import read_series
 from llamacpp_mla_port.series.spec import Stack, load_series
 from llamacpp_mla_port.series.worktree import Workspace
 from llamacpp_mla_port.source.pin import load_pin
-from llamacpp_mla_port.upstreaming import harness_diff, plan, style, walkthrough
+from llamacpp_mla_port.upstreaming import harness_diff, plan, style, upstream_bench, walkthrough
+from llamacpp_mla_port.upstreaming.upstream_bench import Settings as BenchSettings
 from llamacpp_mla_port.upstreaming.pr_docs import (DESCRIPTION, EVIDENCE, checklist, description_skeleton,
                                                    evidence_markdown, stack_checklist)
 from llamacpp_mla_port.upstreaming.lint import (EditorConfig, Finding, flake8_findings, introduced, tree_checks,
                                                 whitespace_findings)
+from llamacpp_mla_port.stages import write_json
 
 #: what every commit must build: the library through the tools the job and the proof use,
 #: and test-llama-archs (every LLM_ARCH_ switch site handled)
@@ -246,7 +248,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
                        opts: "PrOptions", patches_match: bool, upstream: dict | None, log=print) -> dict:
     """<work-dir>/pr/<stack>/ (rewritten whole): patches/, squashed.patch, checks.json, EVIDENCE.md,
     evidence.json, DESCRIPTION-SKELETON.md, CHECKLIST.md, WALKTHROUGH.md and plan.write_stack_docs'."""
-    harness_root = project.places(work_dir=opts.work_dir).harness_diff_dir
+    places = project.places(work_dir=opts.work_dir)
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -274,7 +276,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
                      not any(e["status"] == "FAIL" for e in entries)),
         "upstream_checks": (None if not upstream else
                             not any(v.get("introduced") for v in upstream.values())),
-        "upstream_tests": harness_diff.verdict(harness_root, rs.stack.name, pin.short, rs.head),
+        "upstream_tests": harness_diff.verdict(places.harness_diff_dir, rs.stack.name, pin.short, rs.head),
     }
     ok = all(v is not False for k, v in checks.items() if k != "build_note")
     result = {"ok": ok, "stack": rs.stack.name, "title": rs.stack.title, "folder": str(folder),
@@ -282,10 +284,12 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: P
               "commits": [{**asdict(c), "ok": c.ok, "findings": [asdict(f) for f in c.findings]}
                           for c in commits],
               "head": rs.head, "squashed": rs.squashed, "upstream_checks": upstream}
-    (folder / "checks.json").write_text(json.dumps(result, indent=2) + "\n")
-    (folder / "evidence.json").write_text(json.dumps(entries, indent=2) + "\n")
-    (folder / EVIDENCE).write_text(evidence_markdown(rs.stack, entries, facts, upstream) + harness_diff.evidence_section(
-        harness_root, rs.stack.name, pin.short, rs.head))
+    write_json(folder / "checks.json", result)
+    write_json(folder / "evidence.json", entries)
+    lead = (upstream_bench.evidence_section(places.upstream_bench_dir, rs.stack.name, pin.short, rs.head,
+                                            wanted=rs.stack.bench is not None)
+            + harness_diff.evidence_section(places.harness_diff_dir, rs.stack.name, pin.short, rs.head))
+    (folder / EVIDENCE).write_text(evidence_markdown(rs.stack, entries, facts, upstream, lead))
     (folder / DESCRIPTION).write_text(description_skeleton(template, rs.stack, facts))
     (folder / "CHECKLIST.md").write_text(stack_checklist(template, rs.stack, checks))
     walkthrough.write(folder, rs.stack, repo, rs.base)
@@ -313,6 +317,8 @@ class PrOptions:
     skip_evidence: bool = False          # do not run the stacks' evidence commands
     upstream_checks: bool = True         # ty, model naming, pre-tokenizer: base vs patched
     harness_diff: bool = False           # upstream's tests, base vs each stack (the CLI's default)
+    upstream_bench: bool = False         # llama-bench / test-backend-ops perf tables (the CLI's default)
+    bench_settings: BenchSettings = BenchSettings()
     stacks: tuple[str, ...] = ()         # only these stacks (default: all)
 
     def __post_init__(self) -> None:
@@ -366,6 +372,10 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
             log(f"pr: upstream's tests on the base and on {rs.stack.name}, the same flags")
             harness_diff.sweep_stack(repo, project.places(work_dir=ws.work_dir).harness_diff_dir, rs, base,
                                      pin.short, opts.jobs, log)
+        if opts.upstream_bench and rs.stack.bench and not opts.skip_build:
+            log(f"pr: upstream's benchmarks on the base and on {rs.stack.name}, the same flags")
+            upstream_bench.run_stack(repo, rs, base, pin.short, project.places(work_dir=ws.work_dir),
+                                     opts.bench_settings, log)
     commits = [c for cs in per_stack.values() for c in cs]
     proof = {"ok": None, "status": "skipped"} if opts.skip_smoke else \
         smoke(ws.tree, ws.build_dir, list(opts.smoke_args), log)
@@ -404,12 +414,11 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
         "build": build_summary,
         "proof_summary": proof_summary(proof) if proof.get("status") != "skipped" else None,
     }
-    (evidence / "upstream.json").write_text(json.dumps(upstream_info, indent=2) + "\n")
-    (evidence / "checks.json").write_text(json.dumps(results, indent=2) + "\n")
-    (evidence / "proof.json").write_text(json.dumps(proof, indent=2) + "\n")
-    (evidence / "summary.json").write_text(json.dumps(
-        {"ok": results["ok"], "checks": checks, "upstream": upstream_info,
-         "build": build_summary, "proof": results["proof_summary"]}, indent=2) + "\n")
+    write_json(evidence / "upstream.json", upstream_info)
+    write_json(evidence / "checks.json", results)
+    write_json(evidence / "proof.json", proof)
+    write_json(evidence / "summary.json", {"ok": results["ok"], "checks": checks, "upstream": upstream_info,
+                                           "build": build_summary, "proof": results["proof_summary"]})
     template = gitutil.read_blob(repo, base, ".github/pull_request_template.md")
     (evidence / "CHECKLIST.md").write_text(
         checklist(template.decode("utf-8") if template is not None else None, checks))
@@ -424,7 +433,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
             results["ok"] = False
     results["stacks"] = pr_folders
     plan_path = plan.write_plan(series, pr_folders, ws.work_dir / "pr")
-    (evidence / "checks.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_json(evidence / "checks.json", results)
     skipped = [k for k, v in checks.items() if v is None]
     verdict = "all checks that ran pass" if results["ok"] else "SOME CHECKS FAIL"
     log(f"pr: evidence in {evidence} ({verdict}"

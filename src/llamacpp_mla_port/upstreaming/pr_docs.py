@@ -10,6 +10,7 @@ import re
 
 from llamacpp_mla_port.series import stacks as stacks_mod
 from llamacpp_mla_port.series.spec import Stack
+from llamacpp_mla_port.upstreaming.upstream_bench import NOT_MEASURED
 
 
 # ---------------------------------------------------------------------------- checklist
@@ -88,14 +89,19 @@ def server_tests_note(files: list[str]) -> str | None:
             "connected machine before opening the PR.")
 
 
-def evidence_markdown(stack: Stack, entries: list[dict], facts: dict, upstream: dict | None = None) -> str:
+def evidence_markdown(stack: Stack, entries: list[dict], facts: dict, upstream: dict | None = None,
+                      lead: str = "") -> str:
+    """EVIDENCE.md: `lead` first (upstream's own benchmarks and tests, in upstream's format),
+    then upstream's PR checks, then, as an appendix, the project's claims and their commands."""
     lines = [f"# Evidence for the `{stack.name}` pull request", "",
-             "Every claim the PR makes, the command that shows it (run from the project "
-             "checkout) and what it gave in this run. Cite these, not the tool.", "",
+             "Upstream's own tools first (their commands, run on the base and on this PR with the "
+             "same flags); the project's own checks follow in an appendix. Cite these, not the tool.", "",
              f"- base: {facts['base']}", f"- commits: {len(facts['commits'])}, "
              f"+{facts['added']}/-{facts['removed']} lines in {len(facts['files'])} files",
              f"- applies alone on the base: {facts['applies_alone']} (patches/ and "
              f"{stacks_mod.SQUASHED}, re-applied with `git apply`)", ""]
+    if lead:
+        lines += [lead.strip("\n"), ""]
     if upstream:
         lines += ["## Upstream's PR checks, base vs this stack (`llamacpp-mla-port pr`)", "",
                   "| check | base | patched | introduced by the stack |", "|---|---|---|---|"]
@@ -110,8 +116,12 @@ def evidence_markdown(stack: Stack, entries: list[dict], facts: dict, upstream: 
     note = server_tests_note(facts.get("files", []))
     if note:
         lines += [note, ""]
+    if entries:
+        lines += ["## Appendix: the project's own checks", "",
+                  "Each claim of the PR, the project command behind it (run from the project checkout, "
+                  "not from llama.cpp) and what it gave in this run.", ""]
     for i, e in enumerate(entries, 1):
-        lines += [f"## {i}. {e['claim']}", "", "```sh", e["command"], "```", "",
+        lines += [f"### {i}. {e['claim']}", "", "```sh", e["command"], "```", "",
                   f"- result: **{e['status']}**" + (f" (exit {e['rc']}, {e['seconds']} s)"
                                                     if "rc" in e else ""),
                   *([f"- {e['note']}"] if e.get("note") else []), ""]
@@ -180,6 +190,8 @@ def stack_checklist(template: str | None, stack: Stack, checks: dict) -> str:
            "starts from an issue, CONTRIBUTING.md)",
            "- [ ] Understand and be able to defend every line without help: WALKTHROUGH.md "
            "lists every hunk with its questions (for your reading, not text to post)",
-           "- [ ] Open the PR yourself: the tool never pushes or submits anything", ""]
+           "- [ ] Open the PR yourself: the tool never pushes or submits anything",
+           *([f"- [ ] Run EVIDENCE.md's benchmark commands where this machine could not: "
+              f"{'; '.join(NOT_MEASURED)}, and add the tables"] if stack.bench else []), ""]
     return text.replace("## The tree's pull request template", "\n".join(own) +
                         "\n## The tree's pull request template", 1)

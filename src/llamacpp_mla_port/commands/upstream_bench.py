@@ -1,0 +1,70 @@
+"""`upstream-bench`: the evidence ggml maintainers read, for the PR stacks whose port.toml
+table has a `bench` entry (upstreaming/upstream_bench.py): llama-bench and test-backend-ops
+perf on the pinned base and on the stack, the same flags, compare-llama-bench.py tables.
+
+    llamacpp-mla-port upstream-bench [--stack NAME] [--isa native,avx2] [-t 1,2] [-r 3]
+                                     [--layers 4] [-j N]
+
+Writes work/upstream-bench/<stack>/{native,avx2}.sqlite, report.json and report.md.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from llamacpp_mla_port.commands.common import add_source_args, options
+
+
+def configure(parser) -> None:
+    from llamacpp_mla_port.upstreaming.harness_diff import ISA_BUILDS
+    from llamacpp_mla_port.upstreaming.upstream_bench import Settings
+
+    add_source_args(parser)
+    d = Settings()
+    parser.add_argument("--stack", action="append", default=[], metavar="NAME",
+                        help="only this stack (repeatable; default: every stack with a bench table)")
+    parser.add_argument("--isa", default=",".join(d.isas),
+                        help=f"builds, of {','.join(ISA_BUILDS)} (default: {','.join(d.isas)})")
+    parser.add_argument("-t", "--threads", default=d.threads, help=f"llama-bench -t (default: {d.threads})")
+    parser.add_argument("-r", "--reps", type=int, default=d.reps, help=f"llama-bench -r (default: {d.reps})")
+    parser.add_argument("--layers", type=int, default=d.n_layer,
+                        help=f"layers of the standard-shape model (default: {d.n_layer})")
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs")
+
+
+def settings_of(args):
+    from llamacpp_mla_port.errors import BuildError
+    from llamacpp_mla_port.upstreaming.harness_diff import ISA_BUILDS
+    from llamacpp_mla_port.upstreaming.upstream_bench import Settings
+
+    isas = tuple(s for s in args.isa.split(",") if s)
+    if not isas or set(isas) - set(ISA_BUILDS):
+        raise BuildError(f"--isa {args.isa}: unknown build", hint="of " + ", ".join(ISA_BUILDS))
+    return Settings(isas=isas, threads=args.threads, reps=args.reps, n_layer=args.layers, jobs=args.jobs)
+
+
+def run(args) -> int:
+    from llamacpp_mla_port import project
+    from llamacpp_mla_port.series import stacks
+    from llamacpp_mla_port.series.spec import load_series
+    from llamacpp_mla_port.source import obtain
+    from llamacpp_mla_port.upstreaming import upstream_bench
+
+    opts = options(args)
+    pin = opts.pin()
+    settings = settings_of(args)
+    base = obtain.obtain(pin, opts.source, opts.git_url, opts.sdist_file)
+    repo = obtain.cache_repo()
+    places = project.places()
+    series = load_series(places.templates_dir)
+    chosen = [series.stack(n) for n in args.stack] or [st for st in series.stacks if st.bench]
+    missing = [st.name for st in chosen if st.bench is None]
+    if missing:
+        print(f"error: no [stacks.NAME.bench] table for {', '.join(missing)} in templates/port.toml",
+              file=sys.stderr)
+        return 1
+    for st in chosen:
+        rs = stacks.render_stack(repo, series, st, base.sha, pin.tag, {"pin": pin})
+        report = upstream_bench.run_stack(repo, rs, base.sha, pin.short, places, settings, log=print)
+        print(f"{st.name}: {places.upstream_bench_dir / st.name / 'report.md'} ({report['seconds']} s)")
+    return 0

@@ -1,0 +1,101 @@
+"""Evidence in upstream's format (upstreaming/upstream_bench.py, `upstream-bench`, `make pr`).
+
+Fast: the stack's [bench] table is checked; the binaries' SQL is loaded and each side's rows
+labelled with its commit (an exported tree cannot name it); the tree's own
+compare-llama-bench.py tables the result, base against head; the standard-shape model has the
+model's shapes. The whole run (builds, models, llama-bench) is `make pr` / `upstream-bench`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from llamacpp_mla_port.errors import GGUFError, PortDescriptionError, ProofError
+from llamacpp_mla_port.series.spec import load_series
+from llamacpp_mla_port.upstreaming import upstream_bench as ub
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def test_a_stack_bench_table_is_checked(tmp_path):
+    series = load_series(REPO / "templates")
+    q0 = series.stack("cpu-q0-odd-columns").bench
+    assert q0.types == ("q8_0", "q4_0") and q0.ops == ("MUL_MAT",)
+    assert q0.prompts == "1,2,3,4,5,6,7,8,12,16,32,64,512"          # the batch sizes ggml asks for
+    assert series.stack("cpu-fa-kv-head-tiles").bench.args == ("-fa", "1", "-d", "0,4096")
+    assert series.stack("mla-draft").bench is None
+    templates = tmp_path / "templates"
+    shutil.copytree(REPO / "templates", templates)
+    port = templates / "port.toml"
+    text = port.read_text()
+    for bad in ('types = ["q8_0", "iq2_xxs"]', "types = []", 'types = "q8_0"', 'typo = ["q8_0"]'):
+        port.write_text(text.replace('types = ["q8_0", "q4_0"]', bad))
+        with pytest.raises(PortDescriptionError, match=r"\[stacks.cpu-q0-odd-columns.bench\]"):
+            load_series(templates)
+
+
+def test_each_sides_rows_are_labelled_with_its_commit(tmp_path):
+    """The same SQL loaded twice, as the base and as the PR: each insert keeps its label."""
+    sql = (DATA / "llama-bench.sql").read_text()
+    db = tmp_path / "x.sqlite"
+    n = ub.load_sql(db, "build: some log line\n" + sql, "aaaaaaaa")
+    assert n == ub.load_sql(db, sql, "bbbbbbbb") and n > 1
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT build_commit, COUNT(*) FROM llama_bench GROUP BY build_commit").fetchall()
+    assert sorted(rows) == [("aaaaaaaa", n), ("bbbbbbbb", n)]
+    with pytest.raises(ProofError, match="printed no result row"):
+        ub.load_sql(db, "CREATE TABLE IF NOT EXISTS llama_bench (a TEXT);\n", "cccccccc")
+
+
+def test_compare_llama_bench_tables_base_against_the_pr(tmp_path, patched_tree):
+    """The tree's own script reads our file: one row per test, base and PR columns, and a
+    speedup column that a slower PR makes fall under 1 (the control)."""
+    db = tmp_path / "x.sqlite"
+    sql = (DATA / "llama-bench.sql").read_text()
+    ub.load_sql(db, sql, "aaaaaaaa")
+    ub.load_sql(db, sql, "bbbbbbbb")
+    with sqlite3.connect(db) as con:    # the PR at half the speed: its times double
+        con.execute("UPDATE llama_bench SET avg_ns = avg_ns * 2, avg_ts = avg_ts / 2 WHERE build_commit = 'bbbbbbbb'")
+    table = ub.compare_table(patched_tree, db, "llama-bench", "aaaaaaaa", "bbbbbbbb")
+    rows = [ln for ln in table.splitlines() if ln.startswith("|") and "pp" in ln]
+    assert len(rows) >= 2 and all(ln.rstrip(" |").endswith("0.50") for ln in rows), table
+    tbo = (DATA / "test-backend-ops.sql").read_text()
+    ub.load_sql(db, tbo, "aaaaaaaa")
+    ub.load_sql(db, tbo, "bbbbbbbb")
+    table = ub.compare_table(patched_tree, db, "test-backend-ops", "aaaaaaaa", "bbbbbbbb")
+    assert "MUL_MAT" in table and "1.00" in table, table
+
+
+def test_the_standard_model_has_the_models_shapes(tmp_path):
+    import gguf
+    sh = ub.SHAPES["llama-3.2-3b"]
+    with pytest.raises(GGUFError, match="with 29 layers"):
+        ub.write_standard_model("llama-3.2-3b", "q8_0", tmp_path / "x.gguf", n_layer=29)
+    path = ub.write_standard_model("llama-3.2-3b", "q4_0", tmp_path / "m.gguf", n_layer=1)
+    r = gguf.GGUFReader(path)
+    t = {x.name: x for x in r.tensors}
+    assert list(t["blk.0.attn_k.weight"].shape) == [sh.n_embd, sh.n_head_kv * sh.head_dim]
+    assert list(t["blk.0.ffn_down.weight"].shape) == [sh.n_ff, sh.n_embd]
+    assert list(t["token_embd.weight"].shape) == [sh.n_embd, sh.n_vocab] and "output.weight" not in t
+    assert t["blk.0.ffn_up.weight"].tensor_type == gguf.GGMLQuantizationType.Q4_0
+    assert "random weights" in bytes(r.fields["general.name"].parts[-1]).decode()
+
+
+def test_evidence_opens_with_the_tables_or_the_command(tmp_path):
+    report = {"stack": "cpu-demo", "base": "b1 (tree x)", "base_sha": "a" * 40, "head": "b" * 40,
+              "seconds": 3.0, "settings": {"threads": "1,2", "reps": 3},
+              "models": {"shape": "Llama-3.2-3B", "n_layer": 4, "of_layers": 28, "files": ["m.gguf"]},
+              "builds": {"native": {"cmake": [], "tables": {"llama-bench": "| pp7 | 1.00 |"},
+                                    "commands": ["llama-bench -m m.gguf -o sql"]}}}
+    assert "Not run: `make upstream-bench" in ub.evidence_section(tmp_path, "cpu-demo", "b1 (tree x)")
+    assert "No performance claim" in ub.evidence_section(tmp_path, "cpu-demo", "b1 (tree x)", wanted=False)
+    (tmp_path / "cpu-demo").mkdir()
+    (tmp_path / "cpu-demo" / "report.json").write_text(__import__("json").dumps(report))
+    text = ub.evidence_section(tmp_path, "cpu-demo", "b1 (tree x)", "b" * 40)
+    assert "| pp7 | 1.00 |" in text and "**random weights**" in text and "ARM" in text
+    assert "Stale" in ub.evidence_section(tmp_path, "cpu-demo", "b1 (tree x)", "c" * 40)
