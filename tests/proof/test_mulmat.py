@@ -1,7 +1,7 @@
 """ggml-cpu's MUL_MAT against a float64 product (proof/run/cpp/mulmat-check.cpp), on the weight
 shapes the real-size draft multiplies (Kimi-K3 width: K kept, rows reduced) and on awkward ones:
-N = 1..17 (odd column counts take the series' tinyBLAS_Q0 tail, `ggml-cpu : read Q0 weights
-once for an odd column count on AVX2`; N = 1 takes vec_dot, as upstream's #9330 keeps it),
+N = 1..17 (column counts off the tile take the series' tinyBLAS_Q0 tail, `ggml-cpu : read Q0
+weights once for a partial column tile`; N = 1 takes vec_dot, as upstream's #9330 keeps it),
 rows off the 4-row tile, strided per-head activations.
 
 Bound, from the accumulation order: |y - y64| <= gamma_n * sum_k |w_k x_k|, u = 2^-24; Q8_0 in
