@@ -114,7 +114,10 @@ def test_a_stack_is_swept_in_the_builds_its_files_reach():
     """A stack that edits ggml-cpu runs test-backend-ops in every ISA build; one that does not
     runs test-llama-archs alone (test-backend-ops -b CPU never reaches its code)."""
     assert hd.stack_scope(["ggml/src/ggml-cpu/ops.cpp", "tests/test-backend-ops.cpp"]) == (
-        list(hd.ISA_BUILDS), list(hd.HARNESS_OPS))
+        list(hd.ISA_BUILDS), ["FLASH_ATTN_EXT"])
+    assert hd.stack_scope(["ggml/src/ggml-cpu/llamafile/sgemm.cpp"]) == (list(hd.ISA_BUILDS), ["MUL_MAT"])
+    assert hd.stack_scope(["ggml/src/ggml-cpu/vec.h", "ggml/src/ggml-cpu/llamafile/sgemm.cpp"]) == (
+        list(hd.ISA_BUILDS), list(hd.HARNESS_OPS))         # a file the table does not know: every op
     assert hd.stack_scope(["src/llama-context.cpp", "ggml/src/ggml-rpc/ggml-rpc.cpp"]) == (["native"], [])
 
 

@@ -152,13 +152,23 @@ def run_diff(base_dir: Path, patched_dir: Path,
     return report
 
 
+#: ggml-cpu files whose series edits reach one op only (every other ggml-cpu file: HARNESS_OPS)
+OPS_OF_FILE: dict[str, tuple[str, ...]] = {
+    "ggml/src/ggml-cpu/llamafile/sgemm.cpp": ("MUL_MAT",),          # tinyBLAS
+    "ggml/src/ggml-cpu/ops.cpp": ("FLASH_ATTN_EXT",),               # the series edits its FA kernel
+    "ggml/src/ggml-cpu/common.h": ("FLASH_ATTN_EXT",),              # the FA chunking helper
+}
+
+
 def stack_scope(files: Iterable[str]) -> tuple[list[str], list[str]]:
-    """(isas, ops) of a stack's differential: every ISA build and HARNESS_OPS when it edits
-    ggml-cpu; otherwise test-llama-archs on the native build (nothing else of test-backend-ops
-    -b CPU runs its code)."""
-    if any(f.startswith("ggml/src/ggml-cpu/") for f in files):
-        return list(ISA_BUILDS), list(HARNESS_OPS)
-    return ["native"], []
+    """(isas, ops) of a stack's differential: every ISA build, for the ops its ggml-cpu files
+    reach (OPS_OF_FILE), when it edits ggml-cpu; otherwise test-llama-archs on the native build
+    (nothing else of test-backend-ops -b CPU runs its code)."""
+    cpu = [f for f in files if f.startswith("ggml/src/ggml-cpu/")]
+    if not cpu:
+        return ["native"], []
+    ops = {op for f in cpu for op in OPS_OF_FILE.get(f, HARNESS_OPS)}
+    return list(ISA_BUILDS), [op for op in HARNESS_OPS if op in ops]
 
 
 def export_commit(repo, sha: str, dest: Path) -> Path:
