@@ -116,7 +116,7 @@ def test_a_commit_in_no_stack_is_an_error_naming_it(tmp_path):
 
 def test_a_stack_that_leans_on_another_fails_naming_the_stack(base, pin, tmp_path):
     """Put the K-only mask guard (mla-draft) into the rpc stack, and make the MLA backbone
-    anchor on it: the mla-draft stack (based on pair-check only) no longer renders."""
+    anchor on it: the mla-draft stack (based on nothing) no longer renders."""
     templates = tmp_path / "templates"
     shutil.copytree(TEMPLATES_DIR, templates)
     toml = templates / "series" / "20-graph-k-only-mask-check" / "commit.toml"
@@ -141,29 +141,32 @@ template = "models-h-graph-mla.h.j2"
     tried = {t["stack"]: t for t in stacks.try_stacks(repo, series, base.sha, pin.tag, {"pin": pin}, pin)}
     assert tried["rpc"]["ok"] and tried["pair-check"]["ok"] and not tried["mla-draft"]["ok"]
     assert "does not render alone" in tried["mla-draft"]["message"]
-    # the control: based on rpc too, the stacked PR renders on rpc + pair-check
+    # the control: based on rpc, the stacked PR renders on rpc
     port = templates / "port.toml"
-    port.write_text(port.read_text().replace('depends = ["pair-check"]', 'depends = ["rpc", "pair-check"]'))
+    port.write_text(port.read_text().replace(MLA_TITLE, MLA_TITLE + 'depends = ["rpc"]\n'))
     series = load_series(templates)
     rs = stacks.render_stack(repo, series, series.stack("mla-draft"), base.sha, pin.tag, {"pin": pin})
     assert len(rs.shas) == len(series.stack("mla-draft").commits)
+
+
+MLA_TITLE = 'title = "model : add an MLA backbone to the DFlash draft"\n'
 
 
 def test_depends_names_an_earlier_stack(tmp_path):
     templates = tmp_path / "templates"
     shutil.copytree(TEMPLATES_DIR, templates)
     port = templates / "port.toml"
-    text = port.read_text()
-    assert 'depends = ["pair-check"]' in text
+    text = port.read_text().replace(MLA_TITLE, MLA_TITLE + 'depends = ["pair-check"]\n')
     for bad in ('["mla-draft"]', '["nope"]', '"pair-check"'):
         port.write_text(text.replace('depends = ["pair-check"]', f"depends = {bad}"))
         with pytest.raises(PortDescriptionError, match=r"\[stacks.mla-draft\] depends = .*must name a stack "
                                                        "defined before it"):
             load_series(templates)
-    # a stack based on another renders on it: pair-check's DFlash cases, then the MLA case
-    series = load_series(TEMPLATES_DIR)
+    port.write_text(text)
+    series = load_series(templates)
     assert [s.name for s in series.base_of(series.stack("mla-draft"))] == ["pair-check"]
-    assert series.base_of(series.stack("rpc")) == ()
+    # every PR of the real series stands alone on the base
+    assert all(load_series(TEMPLATES_DIR).base_of(st) == () for st in load_series(TEMPLATES_DIR).stacks)
 
 
 def test_the_canary_tries_every_stack_of_the_real_series(base, pin):
@@ -224,3 +227,32 @@ def test_long_comments_and_non_ascii_added_lines_are_found():
     assert [f.rule for f in arrow] == ["ascii"] and "U+2192" in arrow[0].message
     long_body = style.patch_findings(_patch("src/a.cpp", ["int x;"], "line\n" * 13))
     assert [f.rule for f in long_body] == ["length"]
+
+
+def test_the_mla_draft_pr_brings_its_own_pairing_and_the_series_shares_one(base, pin, tmp_path):
+    """mla-draft alone carries 09's pairing code for its MLA case (with_commit / without_commit),
+    without pair-check's refusals and EAGLE3 cases; in the series it extends 09's cases."""
+    from llamacpp_mla_port import gitutil
+    repo = upstream.cache_repo()
+    series = load_series(TEMPLATES_DIR)
+    rs = stacks.render_stack(repo, series, series.stack("mla-draft"), base.sha, pin.tag, {"pin": pin})
+    alone = gitutil.read_blob(repo, rs.head, "tests/test-llama-archs.cpp").decode()
+    assert '{ "MLA", LLM_ARCH_KIMI_K3, true, 2, true }' in alone and "get_logits_dflash_pair(" in alone
+    for absent in ("check_dflash_pair_refused", "eagle3_cases", '"Qwen3", LLM_ARCH_QWEN3'):
+        assert absent not in alone, absent
+    message = gitutil.run(repo, "log", "-1", "--format=%B", rs.shas[series.stack("mla-draft").commits.index(
+        "23-tests-dflash-mla-archs")])
+    assert "test-llama-archs skipped LLM_ARCH_DFLASH" in message
+    patch = next((PATCHES_DIR).glob("*-tests-run-an-MLA-DFlash-draft-in-test-llama-archs.patch")).read_text()
+    assert "to the" in patch and "DFlash cases" in patch and "skipped LLM_ARCH_DFLASH" not in patch
+
+
+def test_a_change_for_one_form_names_an_earlier_commit(tmp_path):
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES_DIR, templates)
+    toml = templates / "series" / "23-tests-dflash-mla-archs" / "commit.toml"
+    text = toml.read_text()
+    for bad in ("40-docs-speculative-mla-dspark", "99-nope"):
+        toml.write_text(text.replace('without_commit = "09-tests-dflash-pair-archs"', f'without_commit = "{bad}"', 1))
+        with pytest.raises(PortDescriptionError, match=f"without_commit = '{bad}' is not an earlier commit"):
+            load_series(templates)

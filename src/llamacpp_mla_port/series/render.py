@@ -114,12 +114,16 @@ def walk_series(series: Series, read_base: Callable[[str], bytes | None], base_l
     read = overlay.read
 
     out = []
+    present = set(series.slugs())
     for ci, commit in enumerate(series.commits):
-        context = {**series.vars, **commit.vars, **(extra_vars or {})}
+        # series_commits: the commits of this rendering (a stack alone, or the series), as
+        # with_commit / without_commit see them
+        context = {**series.vars, **commit.vars, **(extra_vars or {}), "series_commits": sorted(present)}
         title = "" if strict else _title(env, commit, context)
         by_file: dict[str, list[Change]] = {}
         for change in commit.changes:
-            by_file.setdefault(change.file, []).append(change)
+            if change.wanted(present):
+                by_file.setdefault(change.file, []).append(change)
         files: dict[str, bytes] = {}
         for path, changes in by_file.items():
             before = read(path)

@@ -16,7 +16,7 @@ from llamacpp_mla_port.errors import PortDescriptionError
 PLACEMENTS = ("after", "before", "replace", "create")
 _FOLDER = re.compile(r"^\d{2}-[a-z0-9][a-z0-9-]*$")
 _CHANGE_KEYS = {"file", "anchor", "within", "within_end", "placement", "template", "regex",
-                "vars"}
+                "vars", "with_commit", "without_commit"}
 _COMMIT_KEYS = {"vars", "change", "stack"}
 _STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _STACK_KEYS = {"title", "summary", "evidence", "depends", "upstream", "comment_on", "order",
@@ -45,6 +45,15 @@ class Change:
     regex: bool = False
     vars: dict = field(default_factory=dict)
     origin: str = ""         # "series/NN-slug/commit.toml change #i", for messages
+    # a change for one form of its stack: rendered only when that earlier commit is (with_) or
+    # is not (without_) in the series being rendered (a stack alone on the base, or the series)
+    with_commit: str | None = None
+    without_commit: str | None = None
+
+    def wanted(self, present: "set[str] | frozenset[str]") -> bool:
+        """Whether this change belongs to a rendering whose commits are `present`."""
+        return ((self.with_commit is None or self.with_commit in present)
+                and (self.without_commit is None or self.without_commit not in present))
 
 
 @dataclass(frozen=True)
@@ -185,7 +194,7 @@ def _change(raw: dict, folder: Path, root: Path, origin: str) -> Change:
     return Change(file=file, placement=placement, template=template.relative_to(root).as_posix(),
                   anchor=anchor, within=raw.get("within"), within_end=raw.get("within_end"),
                   regex=bool(raw.get("regex", False)), vars=dict(raw.get("vars", {})),
-                  origin=origin)
+                  origin=origin, with_commit=raw.get("with_commit"), without_commit=raw.get("without_commit"))
 
 
 def load_series(root: Path | None = None) -> Series:
@@ -228,6 +237,15 @@ def load_series(root: Path | None = None) -> Series:
     if not commits:
         raise PortDescriptionError(f"{series_dir} holds no commit folders",
                                    "the series needs at least one templates/series/NN-slug/")
+    for i, c in enumerate(commits):
+        earlier = {e.slug for e in commits[:i]}
+        for ch in c.changes:
+            for key in ("with_commit", "without_commit"):
+                slug = getattr(ch, key)
+                if slug is not None and slug not in earlier:
+                    raise PortDescriptionError(f"{ch.origin}: {key} = {slug!r} is not an earlier commit",
+                                               "name the folder (templates/series/NN-slug) of a commit "
+                                               "before this one")
     return Series(root=root, vars=dict(port.get("vars", {})), author_name=meta["author_name"],
                   author_email=meta["author_email"], date=meta["date"], branch=meta["branch"],
                   commits=tuple(commits), stacks=_stacks(root / "port.toml", port, commits))
