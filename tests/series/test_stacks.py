@@ -256,3 +256,19 @@ def test_a_change_for_one_form_names_an_earlier_commit(tmp_path):
         toml.write_text(text.replace('without_commit = "09-tests-dflash-pair-archs"', f'without_commit = "{bad}"', 1))
         with pytest.raises(PortDescriptionError, match=f"without_commit = '{bad}' is not an earlier commit"):
             load_series(templates)
+
+
+def test_a_first_step_renders_and_applies_alone_on_the_base(base, pin, tmp_path):
+    """PLAN.md offers a stack's first_step as a PR of its own: that commit alone on the pin."""
+    import dataclasses
+    repo = upstream.cache_repo()
+    series = load_series(TEMPLATES_DIR)
+    firsts = [st for st in series.stacks if st.first_step]
+    assert firsts, "no stack offers a first step"
+    for st in firsts:
+        one = dataclasses.replace(st, name=f"{st.name}-first", commits=(st.first_step[0],), depends=())
+        rs = stacks.render_stack(repo, series, one, base.sha, pin.tag, {"pin": pin})
+        folder = tmp_path / one.name
+        folder.mkdir()
+        stacks.export_stack(repo, rs, folder, pin, series)
+        assert stacks.verify(repo, rs, folder)["applies_alone"]

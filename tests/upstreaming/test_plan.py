@@ -112,6 +112,11 @@ def test_the_ports_plan_follows_the_review():
     assert "#26724" in refs["rpc"] and "#27478" in refs["cpu-fa-kv-head-tiles"]
     assert "#18099" in refs["loader-probe"]
     assert "cpu-gemv-tiles" not in refs       # it reversed #9330: out of the series, not offered
+    # every PR stands alone on the base; the Kimi-K3 layer inputs are offered as a first step
+    assert all(not st.depends for st in series.stacks)
+    assert series.stack("mla-draft").first_step[0] == "22-model-kimi-k3-layer-inputs"
+    plan_text = plan.plan_markdown(series, {})
+    assert "a first step that can go alone, before the rest: series/22-model-kimi-k3-layer-inputs" in plan_text
     facts = " ".join(series.stack("mla-draft").issue_facts)
     for fact in ("five Multi-head Latent Attention layers", "Markov head", "confidence head",
                  "7 tokens per pass", "vLLM", "SGLang", "TensorRT-LLM"):
@@ -312,6 +317,8 @@ def test_bad_plan_keys_are_refused_naming_the_stack_and_the_key(templates, old, 
 
 
 def test_a_stack_opens_after_what_it_is_based_on(templates):
+    _edit(templates, 'title = "model : add an MLA backbone to the DFlash draft"\n',
+          'title = "model : add an MLA backbone to the DFlash draft"\ndepends = ["pair-check"]\n')
     _edit(templates, "order = 6\n", "order = 8\n")       # mla-draft after pair-check: fine
     assert load_series(templates).stack("mla-draft").order == 8
     _edit(templates, "order = 5\n", "order = 9\n")       # pair-check after mla-draft: refused

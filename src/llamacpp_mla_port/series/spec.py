@@ -20,7 +20,7 @@ _CHANGE_KEYS = {"file", "anchor", "within", "within_end", "placement", "template
 _COMMIT_KEYS = {"vars", "change", "stack"}
 _STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _STACK_KEYS = {"title", "summary", "evidence", "depends", "upstream", "comment_on", "order",
-               "issue_first", "overlaps", "issue_facts", "bench"}
+               "issue_first", "overlaps", "issue_facts", "bench", "first_step"}
 #: [stacks.NAME.bench]: what upstream's own benchmarks run on the base and the stack
 _BENCH_KEYS = {"types": list, "prompts": str, "args": list, "ops": list, "params": str, "shape": str}
 BENCH_TYPES = ("f16", "bf16", "q8_0", "q4_0")
@@ -106,6 +106,8 @@ class Stack:
     overlaps: tuple[Overlap, ...] = ()
     issue_facts: tuple[str, ...] = ()   # facts the issue cites (ISSUE-SKELETON.md)
     bench: Bench | None = None       # upstream's benchmarks, base against the stack
+    #: (commit slug, why): one of its commits that upstream can take first, as a PR of its own
+    first_step: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -299,7 +301,14 @@ def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
             raise PortDescriptionError(f"{path}: [stacks.{name}] depends = {depends!r}: each entry must "
                                        "name a stack defined before it",
                                        f"stacks before {name}: {', '.join(earlier) or 'none'}")
+        first = table.get("first_step")
+        if first is not None and (not isinstance(first, dict) or set(first) != {"commit", "why"}
+                                  or first["commit"] not in members or not str(first["why"]).strip()):
+            raise PortDescriptionError(f"{path}: [stacks.{name}] first_step = {first!r}",
+                                       'first_step = {commit = "NN-slug", why = "one line"}, the commit '
+                                       f"one of the stack's: {', '.join(members)}")
         out.append(Stack(name=name, title=table["title"], commits=members, depends=tuple(depends),
+                         first_step=(first["commit"], first["why"].strip()) if first else None,
                          summary=table.get("summary", ""),
                          evidence=tuple(Evidence(e["claim"], e["command"])
                                         for e in table.get("evidence", [])),

@@ -51,6 +51,9 @@ def plan_markdown(series: Series, results: dict[str, dict]) -> str:
         if st.depends:
             lines.append(f"- based on: {', '.join(st.depends)} (open it once that has merged)")
         lines += [f"- overlaps {o.ref}: {o.relation}" for o in st.overlaps] or ["- overlaps: none known"]
+        if st.first_step:
+            lines.append(f"- a first step that can go alone, before the rest: series/{st.first_step[0]} "
+                         f"(it applies alone on the base): {st.first_step[1]}")
         if r is None:
             lines += ["- not built in this run (`--stack` chose others)", ""]
             continue
