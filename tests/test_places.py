@@ -183,3 +183,16 @@ def test_explicit_places_need_no_checkout(no_place_env, tmp_path):
     assert (p.tree, p.build_dir) == (tmp_path / "t", tmp_path / "b")
     with pytest.raises(project.ProjectError):
         p.work_dir
+
+
+def test_work_dir_subfolders_are_named_in_project_only():
+    """A folder of the work dir is a Places property (project.py): `work_dir / "..."` spelled
+    anywhere else is a second decision about where something lives."""
+    import re
+    pattern = re.compile(r'work_dir\s*/\s*["\']')
+    offenders = [f"{p.relative_to(REPO)}:{i}" for p in (REPO / "src" / "llamacpp_mla_port").rglob("*.py")
+                 if p.name != "project.py"
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == [], offenders
+    # the control: the pattern sees the spelling it forbids
+    assert pattern.search('evidence = ws.work_dir / "evidence"')

@@ -197,6 +197,16 @@ class Places:
         return self.work_dir / "bench-rpc"
 
     @property
+    def pr_dir(self) -> Path:
+        """make pr: one folder per PR stack, PLAN.md, the per-commit checkout (llama.cpp/) and build (build/)."""
+        return self.work_dir / "pr"
+
+    @property
+    def evidence_dir(self) -> Path:
+        """make pr's evidence folder for the whole series (--evidence overrides it)."""
+        return self.work_dir / "evidence"
+
+    @property
     def upstream_bench_dir(self) -> Path:
         """upstream-bench: the standard-shape models, one SQLite file per stack and build, reports."""
         return self.work_dir / "upstream-bench"

@@ -101,7 +101,7 @@ class Workspace:
         return repo
 
     def _create(self, base: Base, upstream_commit: str, log) -> None:
-        partial = self.work_dir / ".llama.cpp.partial"
+        partial = self.tree.with_name(f".{self.tree.name}.partial")     # renamed into place when whole
         shutil.rmtree(partial, ignore_errors=True)      # an interrupted earlier run
         partial.parent.mkdir(parents=True, exist_ok=True)
         cache = cache_repo()

@@ -340,8 +340,9 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
                                             templates_dir=opts.templates_dir), log=log)
     pin = load_pin(opts.templates_dir / "pin.toml")
     base = state["base"]
-    evidence = Path(opts.evidence) if opts.evidence else ws.work_dir / "evidence"
-    build_dir = Path(opts.build_dir) if opts.build_dir else ws.work_dir / "pr" / "build"
+    places = project.places(work_dir=ws.work_dir)
+    evidence = Path(opts.evidence) if opts.evidence else places.evidence_dir
+    build_dir = Path(opts.build_dir) if opts.build_dir else places.pr_dir / "build"
     if build is None and not opts.skip_build:
         build = commit_build(opts.jobs)
     series = load_series(opts.templates_dir)
@@ -353,7 +354,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
                                         {"pin": pin}, list(opts.stacks) or None)
     per_stack: dict[str, list[CommitCheck]] = {}
     upstream_checks: dict[str, dict] = {}
-    checkout = ws.work_dir / "pr" / "llama.cpp"
+    checkout = places.pr_dir / "llama.cpp"
     base_checks: dict[str, dict] = {}    # per base commit: a stacked PR is checked against its own
     for rs in rendered:
         log(f"pr: stack {rs.stack.name}: {len(rs.shas)} commits alone on the base")
@@ -370,12 +371,10 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
             upstream_checks[rs.stack.name] = introduced(base_checks[rs.base], patched)
         if opts.harness_diff and not opts.skip_build:
             log(f"pr: upstream's tests on the base and on {rs.stack.name}, the same flags")
-            harness_diff.sweep_stack(repo, project.places(work_dir=ws.work_dir).harness_diff_dir, rs, base,
-                                     pin.short, opts.jobs, log)
+            harness_diff.sweep_stack(repo, places.harness_diff_dir, rs, base, pin.short, opts.jobs, log)
         if opts.upstream_bench and rs.stack.bench and not opts.skip_build:
             log(f"pr: upstream's benchmarks on the base and on {rs.stack.name}, the same flags")
-            upstream_bench.run_stack(repo, rs, base, pin.short, project.places(work_dir=ws.work_dir),
-                                     opts.bench_settings, log)
+            upstream_bench.run_stack(repo, rs, base, pin.short, places, opts.bench_settings, log)
     commits = [c for cs in per_stack.values() for c in cs]
     proof = {"ok": None, "status": "skipped"} if opts.skip_smoke else \
         smoke(ws.tree, ws.build_dir, list(opts.smoke_args), log)
@@ -425,19 +424,19 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     template_text = template.decode("utf-8") if template is not None else None
     pr_folders = {}
     for rs in rendered:
-        entry = write_stack_folder(repo, rs, ws.work_dir / "pr" / rs.stack.name, pin, series,
+        entry = write_stack_folder(repo, rs, places.pr_dir / rs.stack.name, pin, series,
                                    per_stack[rs.stack.name], proof, template_text, opts,
                                    drift == "", upstream_checks.get(rs.stack.name), log)
         pr_folders[rs.stack.name] = entry
         if not entry["ok"]:
             results["ok"] = False
     results["stacks"] = pr_folders
-    plan_path = plan.write_plan(series, pr_folders, ws.work_dir / "pr")
+    plan_path = plan.write_plan(series, pr_folders, places.pr_dir)
     write_json(evidence / "checks.json", results)
     skipped = [k for k, v in checks.items() if v is None]
     verdict = "all checks that ran pass" if results["ok"] else "SOME CHECKS FAIL"
     log(f"pr: evidence in {evidence} ({verdict}"
         f"{'; skipped: ' + ', '.join(skipped) if skipped else ''}; complete CHECKLIST.md "
-        "yourself); PR folders: " + ", ".join(str(ws.work_dir / "pr" / n) for n in pr_folders)
+        "yourself); PR folders: " + ", ".join(str(places.pr_dir / n) for n in pr_folders)
         + f"; the order to open them: {plan_path}; nothing was pushed")
     return {"evidence": evidence, **results}
