@@ -99,3 +99,28 @@ def test_evidence_opens_with_the_tables_or_the_command(tmp_path):
     text = ub.evidence_section(tmp_path, "cpu-demo", "b1 (tree x)", "b" * 40)
     assert "| pp7 | 1.00 |" in text and "**random weights**" in text and "ARM" in text
     assert "Stale" in ub.evidence_section(tmp_path, "cpu-demo", "b1 (tree x)", "c" * 40)
+
+
+def test_the_sides_run_in_abba_rounds_and_each_row_keeps_its_label(tmp_path, monkeypatch):
+    """Both sides are built before any run; rounds alternate base/patched (ABBA), so a drift of
+    the machine falls on both; every run's rows carry its side's label."""
+    from types import SimpleNamespace
+    from llamacpp_mla_port.series.spec import Bench, Stack
+    from llamacpp_mla_port.upstreaming import harness_diff as hd
+    events = []
+    monkeypatch.setattr(hd, "export_commit", lambda repo, sha, dest: dest)
+    monkeypatch.setattr(ub, "write_standard_model", lambda shape, t, path, n: path)
+    monkeypatch.setattr(ub, "ensure_build", lambda tree, bdir, targets, args, jobs, echo: (
+        events.append(("build", Path(bdir).parent.name)), Path(bdir))[1])
+    monkeypatch.setattr(ub, "_run", lambda cmd, timeout: (events.append(("run", Path(cmd[0]).parents[2].name)), cmd[0])[1])
+    monkeypatch.setattr(ub, "load_sql", lambda db, text, label: events.append(("label", Path(text).parents[2].name, label)))
+    monkeypatch.setattr(ub, "compare_table", lambda tree, db, tool, b, c: f"{tool} {b} {c}")
+    places = SimpleNamespace(harness_diff_dir=tmp_path / "hd", upstream_bench_dir=tmp_path / "ub")
+    stack = Stack(name="cpu-demo", title="ggml-cpu : demo", commits=("60-x",), bench=Bench(types=("q8_0",), ops=("MUL_MAT",)))
+    rs = SimpleNamespace(stack=stack, head="b" * 40)
+    report = ub.run_stack(None, rs, "a" * 40, "b1", places, ub.Settings(isas=("native",), rounds=2))
+    runs = [e[1] for e in events if e[0] == "run"]
+    assert [e[1] for e in events[:2]] == ["base", "cpu-demo"] and all(e[0] == "build" for e in events[:2])
+    assert runs == ["base"] * 2 + ["cpu-demo"] * 4 + ["base"] * 2          # llama-bench + perf, ABBA
+    assert all(e[2] == ("aaaaaaaa" if e[1] == "base" else "bbbbbbbb") for e in events if e[0] == "label")
+    assert report["builds"]["native"]["tables"]["llama-bench"] == "llama-bench aaaaaaaa bbbbbbbb"

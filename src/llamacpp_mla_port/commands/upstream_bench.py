@@ -2,7 +2,7 @@
 table has a `bench` entry (upstreaming/upstream_bench.py): llama-bench and test-backend-ops
 perf on the pinned base and on the stack, the same flags, compare-llama-bench.py tables.
 
-    llamacpp-mla-port upstream-bench [--stack NAME] [--isa native,avx2] [-t 1,2] [-r 3]
+    llamacpp-mla-port upstream-bench [--stack NAME] [--isa native,avx2] [-t 1,2] [-r 3] [--rounds 2]
                                      [--layers 4] [-j N]
 
 Writes work/upstream-bench/<stack>/{native,avx2}.sqlite, report.json and report.md.
@@ -27,6 +27,8 @@ def configure(parser) -> None:
                         help=f"builds, of {','.join(ISA_BUILDS)} (default: {','.join(d.isas)})")
     parser.add_argument("-t", "--threads", default=d.threads, help=f"llama-bench -t (default: {d.threads})")
     parser.add_argument("-r", "--reps", type=int, default=d.reps, help=f"llama-bench -r (default: {d.reps})")
+    parser.add_argument("--rounds", type=int, default=d.rounds,
+                        help=f"runs of each side, interleaved base/patched (default: {d.rounds})")
     parser.add_argument("--layers", type=int, default=d.n_layer,
                         help=f"layers of the standard-shape model (default: {d.n_layer})")
     parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs")
@@ -40,7 +42,8 @@ def settings_of(args):
     isas = tuple(s for s in args.isa.split(",") if s)
     if not isas or set(isas) - set(ISA_BUILDS):
         raise BuildError(f"--isa {args.isa}: unknown build", hint="of " + ", ".join(ISA_BUILDS))
-    return Settings(isas=isas, threads=args.threads, reps=args.reps, n_layer=args.layers, jobs=args.jobs)
+    return Settings(isas=isas, threads=args.threads, reps=args.reps, rounds=args.rounds, n_layer=args.layers,
+                    jobs=args.jobs)
 
 
 def run(args) -> int:

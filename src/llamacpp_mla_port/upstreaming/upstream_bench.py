@@ -44,6 +44,7 @@ class Settings:
     isas: tuple[str, ...] = ("native", "avx2")
     threads: str = "1,2"          # llama-bench -t
     reps: int = 3                 # llama-bench -r
+    rounds: int = 2               # runs of each side, interleaved base/patched (ABBA)
     n_layer: int = 4              # layers of the standard-shape model
     jobs: int | None = None
 
@@ -135,17 +136,22 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
         db = out / f"{isa}.sqlite"
         db.unlink(missing_ok=True)
         ran: dict[str, list[str]] = {}
+        bins = {}
         for side, (sdir, _) in sides.items():
             log(f"upstream-bench {rs.stack.name}: {side} ({isa}): building {', '.join(TARGETS)}")
-            bindir = ensure_build(tree_in(sdir), hd.build_dir_of(sdir, isa), TARGETS, hd.ISA_BUILDS[isa],
-                                  jobs=settings.jobs, echo=False) / "bin"
-            for model in models:
-                for what, cmd in commands(bench, model, settings).items():
-                    if what.startswith("test-backend-ops") and model is not models[0]:
-                        continue            # the op cases do not depend on the model
-                    log(f"upstream-bench {rs.stack.name}: {side} ({isa}): {what}")
-                    load_sql(db, _run([str(bindir / cmd[0]), *cmd[1:]], 7200), labels[side])
-                    ran.setdefault(what, [" ".join(cmd)])
+            bins[side] = ensure_build(tree_in(sdir), hd.build_dir_of(sdir, isa), TARGETS, hd.ISA_BUILDS[isa],
+                                      jobs=settings.jobs, echo=False) / "bin"
+        # rounds in ABBA order: a drift of the machine (clock, another load) falls on both sides,
+        # and compare-llama-bench averages each side's rounds
+        for r in range(settings.rounds):
+            for side in (("base", "patched") if r % 2 == 0 else ("patched", "base")):
+                for model in models:
+                    for what, cmd in commands(bench, model, settings).items():
+                        if what.startswith("test-backend-ops") and model is not models[0]:
+                            continue            # the op cases do not depend on the model
+                        log(f"upstream-bench {rs.stack.name}: {side} ({isa}, round {r + 1}): {what}")
+                        load_sql(db, _run([str(bins[side] / cmd[0]), *cmd[1:]], 7200), labels[side])
+                        ran.setdefault(what, [" ".join(cmd)])
         tree = tree_in(sides["base"][0])
         tables = {"llama-bench": compare_table(tree, db, "llama-bench", labels["base"], labels["patched"])}
         if bench.ops:
@@ -166,7 +172,8 @@ def markdown(report: dict) -> str:
              "built with the same flags; tables by the tree's `scripts/compare-llama-bench.py`.", "",
              f"Models: the shapes of {m['shape']} ({m['n_layer']} of its {m['of_layers']} layers, its full "
              f"vocabulary), **random weights**: {', '.join(m['files'])}. llama-bench `-t {st['threads']} "
-             f"-r {st['reps']}`.", ""]
+             f"-r {st['reps']}`, " + (f"{st['rounds']} rounds per side in ABBA order (the tables average them)."
+                                 if st.get("rounds", 1) > 1 else "one round per side."), ""]
     for isa, b in report["builds"].items():
         flags = " ".join(b["cmake"]) or "GGML_NATIVE=ON, the default"
         lines += [f"### {isa} build ({flags})", ""]
