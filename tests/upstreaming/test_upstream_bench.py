@@ -98,6 +98,8 @@ def test_evidence_opens_with_the_tables_or_the_command(tmp_path):
     (tmp_path / "cpu-demo" / "report.json").write_text(__import__("json").dumps(report))
     text = ub.evidence_section(tmp_path, "cpu-demo", "b1 (tree x)", "b" * 40)
     assert "| pp7 | 1.00 |" in text and "**random weights**" in text and "ARM" in text
+    # the command that makes them again carries the settings they were made with
+    assert 'UPSTREAM_BENCH_ARGS="--stack cpu-demo -t 1,2 -r 3"' in text
     assert "Stale" in ub.evidence_section(tmp_path, "cpu-demo", "b1 (tree x)", "c" * 40)
 
 

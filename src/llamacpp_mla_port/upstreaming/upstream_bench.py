@@ -200,4 +200,15 @@ def evidence_section(report_dir: Path, name: str, base: str, head: str | None = 
     if report.get("base") != base or (head and report.get("head") != head):
         return "\n".join(lines + [f"Stale: the tables compare {str(report.get('head'))[:8]} against "
                                   f"{report.get('base')}: rerun `{command}`.", ""])
-    return "\n".join(lines + [f"`{command}` ({report.get('seconds')} s).", "", markdown(report)])
+    return "\n".join(lines + [f"`{rerun_command(name, report.get('settings', {}))}` ({report.get('seconds')} s).",
+                              "", markdown(report)])
+
+
+def rerun_command(name: str, st: dict) -> str:
+    """The command that makes these tables again, with the settings they were made with."""
+    args = [f"--stack {name}"]
+    for flag, key in (("--isa", "isas"), ("-t", "threads"), ("-r", "reps"), ("--rounds", "rounds"),
+                      ("--layers", "n_layer")):
+        if key in st:
+            args.append(f"{flag} {','.join(st[key]) if isinstance(st[key], list) else st[key]}")
+    return f'make upstream-bench UPSTREAM_BENCH_ARGS="{" ".join(args)}"'
