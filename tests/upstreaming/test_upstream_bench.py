@@ -114,7 +114,7 @@ def test_the_sides_run_in_abba_rounds_and_each_row_keeps_its_label(tmp_path, mon
     monkeypatch.setattr(ub, "write_standard_model", lambda shape, t, path, n: path)
     monkeypatch.setattr(ub, "ensure_build", lambda tree, bdir, targets, args, jobs, echo: (
         events.append(("build", Path(bdir).parent.name)), Path(bdir))[1])
-    monkeypatch.setattr(ub, "_run", lambda cmd, timeout: (events.append(("run", Path(cmd[0]).parents[2].name)), cmd[0])[1])
+    monkeypatch.setattr(hd, "run_tool", lambda cmd, timeout: (events.append(("run", Path(cmd[0]).parents[2].name)), cmd[0])[1])
     monkeypatch.setattr(ub, "load_sql", lambda db, text, label: events.append(("label", Path(text).parents[2].name, label)))
     monkeypatch.setattr(ub, "compare_table", lambda tree, db, tool, b, c: f"{tool} {b} {c}")
     places = SimpleNamespace(harness_diff_dir=tmp_path / "hd", upstream_bench_dir=tmp_path / "ub")
@@ -126,3 +126,10 @@ def test_the_sides_run_in_abba_rounds_and_each_row_keeps_its_label(tmp_path, mon
     assert runs == ["base"] * 2 + ["cpu-demo"] * 4 + ["base"] * 2          # llama-bench + perf, ABBA
     assert all(e[2] == ("aaaaaaaa" if e[1] == "base" else "bbbbbbbb") for e in events if e[0] == "label")
     assert report["builds"]["native"]["tables"]["llama-bench"] == "llama-bench aaaaaaaa bbbbbbbb"
+    # a rerun of the same commits, table and settings reuses the report; other settings run again
+    n = len(events)
+    assert ub.run_stack(None, rs, "a" * 40, "b1", places, ub.Settings(isas=("native",), rounds=2)) == \
+        __import__("json").loads((places.upstream_bench_dir / "cpu-demo" / "report.json").read_text())
+    assert len(events) == n
+    ub.run_stack(None, rs, "a" * 40, "b1", places, ub.Settings(isas=("native",), rounds=1))
+    assert len(events) > n

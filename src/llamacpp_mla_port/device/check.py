@@ -157,7 +157,7 @@ class Check:
         self.report["seconds"] = round(time.monotonic() - self.t0, 1)
         self.report["ok"] = bool(self.report["stages"]) and all(
             s.get("ok") for s in self.report["stages"].values() if not s.get("skipped"))
-        write_json((self.out / "report.json"), self.report, indent=1, default=str)
+        write_json(self.out / "report.json", self.report, indent=1, default=str)
         (self.out / "report.md").write_text(format_report(self.report))
 
     def stage(self, name: str, fn, needs_s: float = 0.0) -> None:

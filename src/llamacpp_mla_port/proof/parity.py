@@ -405,7 +405,7 @@ def run_parity(tree: Path, build: Path, work: Path, target_for: TargetFactory, h
         report["configs"][pcfg.name] = entry
     report["modes"] = mode_table(report, modes)
     # every per-output figure, for diagnosis (the smoke report keeps the summary per mode)
-    write_json((work / "parity-report.json"), report, indent=1, default=str)
+    write_json(work / "parity-report.json", report, indent=1, default=str)
     return ParityResult(report)
 
 

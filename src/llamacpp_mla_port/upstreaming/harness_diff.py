@@ -102,14 +102,15 @@ def compare(base: dict[str, str], patched: dict[str, str], what: str) -> dict:
             "ok": not regressions}
 
 
-def _run(cmd: list[str], timeout: float) -> str:
+def run_tool(cmd: list[str], timeout: float, ok: tuple[int, ...] = (0,)) -> str:
+    """The stdout of one of upstream's tools; an exit status outside `ok` is a ProofError with
+    the stderr tail."""
     from llamacpp_mla_port.proof.run.processes import run_bounded
 
     proc = run_bounded(cmd, timeout)
-    # a failing case makes the binary exit 1: its table still says which
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in ok:
         raise ProofError(f"{Path(cmd[0]).name} exited {proc.returncode}: {(proc.stderr or '')[-1500:]}",
-                         hint=" ".join(cmd))
+                         hint=" ".join(map(str, cmd)))
     return proc.stdout
 
 
@@ -139,11 +140,14 @@ def run_diff(base_dir: Path, patched_dir: Path,
             bins[side] = ensure_build(tree, build_dir_of(sdir, isa), targets, ISA_BUILDS[isa], jobs=jobs,
                                       echo=False) / "bin"
         if archs and isa == "native":
-            res = {s: archs_results(_run([str(b / "test-llama-archs"), "-s", "1"], 1800)) for s, b in bins.items()}
+            # a failing case makes the binaries exit 1: their tables still say which
+            res = {s: archs_results(run_tool([str(b / "test-llama-archs"), "-s", "1"], 1800, ok=(0, 1)))
+                   for s, b in bins.items()}
             report["results"].append({"isa": isa, **compare(res["base"], res["patched"], "test-llama-archs")})
             log(_line(report["results"][-1]))
         for op in ops:
-            res = {s: backend_ops_results(_run([str(b / "test-backend-ops"), "-b", "CPU", "-o", op], 3600))
+            res = {s: backend_ops_results(run_tool([str(b / "test-backend-ops"), "-b", "CPU", "-o", op], 3600,
+                                                   ok=(0, 1)))
                    for s, b in bins.items()}
             report["results"].append({"isa": isa, **compare(res["base"], res["patched"], f"test-backend-ops -o {op}")})
             log(_line(report["results"][-1]))
@@ -192,10 +196,21 @@ def export_commit(repo, sha: str, dest: Path) -> Path:
     return dest
 
 
+def standing_report(out: Path, identity: dict) -> dict | None:
+    """out/report.json when it holds every value of `identity` (compared as JSON stores them):
+    a run of the same commits and settings, which a rerun reuses; else None."""
+    try:
+        old = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        return None
+    wanted = json.loads(json.dumps(identity))
+    return old if all(old.get(k) == v for k, v in wanted.items()) else None
+
+
 def write_report(out: Path, report: dict) -> None:
     """report.json and report.md of one sweep in `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    write_json((out / "report.json"), report, indent=1)
+    write_json(out / "report.json", report, indent=1)
     (out / "report.md").write_text(f"Base {report['base']} against {report['target']}, the same flags "
                                    "on both sides:\n\n" + markdown(report))
 
@@ -208,15 +223,11 @@ def sweep(repo, root: Path, name: str, base_sha: str, head_sha: str, base_label:
     scope is reused (`make pr` reruns cost nothing)."""
     isas, ops = list(isas), list(ops)
     out = root / name
-    if reuse:
-        try:
-            old = json.loads((out / "report.json").read_text())
-        except (OSError, ValueError):
-            old = {}
-        if (old.get("head"), old.get("base_sha"), old.get("isas"), old.get("ops"), old.get("archs")) == \
-                (head_sha, base_sha, isas, ops, archs):
-            log(f"harness-diff {name}: the report of {head_sha[:12]} stands ({out / 'report.md'})")
-            return old
+    old = standing_report(out, {"head": head_sha, "base_sha": base_sha, "isas": isas, "ops": ops,
+                                "archs": archs}) if reuse else None
+    if old is not None:
+        log(f"harness-diff {name}: the report of {head_sha[:12]} stands ({out / 'report.md'})")
+        return old
     export_commit(repo, base_sha, tree_in(root / "base"))
     export_commit(repo, head_sha, tree_in(out))
     report = run_diff(root / "base", out, isas=isas, ops=ops, archs=archs, jobs=jobs, log=log)
@@ -235,8 +246,9 @@ def sweep_stack(repo, root: Path, rs, base_sha: str, base_label: str, jobs: int 
     return sweep(repo, root, rs.stack.name, base_sha, rs.head, base_label, isas, ops, jobs=jobs, log=log)
 
 
-def _stack_report(report_dir: Path, name: str, base: str, head: str | None) -> tuple[dict | None, str]:
-    """(the stack's report, "") when it is of `base` (and `head`), else (None, why not)."""
+def stack_report(report_dir: Path, name: str, base: str, head: str | None) -> tuple[dict | None, str]:
+    """(report_dir/<name>/report.json, "") when it is of `base` (and `head`), else (None, why not:
+    "absent", or a line that starts "Stale")."""
     path = report_dir / name / "report.json"
     try:
         report = json.loads(path.read_text())
@@ -250,7 +262,7 @@ def _stack_report(report_dir: Path, name: str, base: str, head: str | None) -> t
 
 def verdict(report_dir: Path, name: str, base: str, head: str | None = None) -> bool | None:
     """The stack's differential: True (no regression), False, or None (not run, or stale)."""
-    report, _ = _stack_report(report_dir, name, base, head)
+    report, _ = stack_report(report_dir, name, base, head)
     return None if report is None else bool(report.get("ok"))
 
 
@@ -276,7 +288,7 @@ def evidence_section(report_dir: Path, name: str, base: str, head: str | None = 
     `harness-diff` run against `base` (of commit `head` when given), or the command that makes them."""
     command = f'make harness-diff HARNESS_ARGS="--stack {name}"'
     head_lines = ["", "## Upstream's tests, base against this PR", ""]
-    report, why = _stack_report(report_dir, name, base, head)
+    report, why = stack_report(report_dir, name, base, head)
     if report is None and why == "absent":
         return "\n".join(head_lines + [f"Not run: `{command}` (or `make pr`) builds the base and this "
                                        "PR with the same flags and compares test-llama-archs and "

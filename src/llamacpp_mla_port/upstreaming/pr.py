@@ -243,12 +243,12 @@ def _commit_checks(commits: list[CommitCheck], opts: "PrOptions", how: str) -> d
     }
 
 
-def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", folder: Path, pin,
+def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", places: "project.Places", pin,
                        series, commits: list[CommitCheck], proof: dict, template: str | None,
                        opts: "PrOptions", patches_match: bool, upstream: dict | None, log=print) -> dict:
     """<work-dir>/pr/<stack>/ (rewritten whole): patches/, squashed.patch, checks.json, EVIDENCE.md,
     evidence.json, DESCRIPTION-SKELETON.md, CHECKLIST.md, WALKTHROUGH.md and plan.write_stack_docs'."""
-    places = project.places(work_dir=opts.work_dir)
+    folder = places.pr_dir / rs.stack.name
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -327,7 +327,8 @@ class PrOptions:
 
 
 def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=print) -> dict:
-    ws = Workspace(project.places(work_dir=opts.work_dir).work_dir)
+    places = project.places(work_dir=opts.work_dir)
+    ws = Workspace(places.work_dir)
     if not ws.state_path.is_file():
         raise WorkTreeError(f"no tool work tree at {ws.tree}", "run `make patch` first")
     repo = ws.repo()
@@ -340,7 +341,6 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
                                             templates_dir=opts.templates_dir), log=log)
     pin = load_pin(opts.templates_dir / "pin.toml")
     base = state["base"]
-    places = project.places(work_dir=ws.work_dir)
     evidence = Path(opts.evidence) if opts.evidence else places.evidence_dir
     build_dir = Path(opts.build_dir) if opts.build_dir else places.pr_dir / "build"
     if build is None and not opts.skip_build:
@@ -424,7 +424,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     template_text = template.decode("utf-8") if template is not None else None
     pr_folders = {}
     for rs in rendered:
-        entry = write_stack_folder(repo, rs, places.pr_dir / rs.stack.name, pin, series,
+        entry = write_stack_folder(repo, rs, places, pin, series,
                                    per_stack[rs.stack.name], proof, template_text, opts,
                                    drift == "", upstream_checks.get(rs.stack.name), log)
         pr_folders[rs.stack.name] = entry

@@ -15,7 +15,6 @@ EVIDENCE.md says plainly. The trees and builds are harness-diff's (work/harness-
 
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 import sys
@@ -68,20 +67,10 @@ def load_sql(db: Path, sql_text: str, label: str) -> int:
     return len(inserts)
 
 
-def _run(cmd: list[str], timeout: float) -> str:
-    from llamacpp_mla_port.process import run
-
-    proc = run(cmd, timeout=timeout)
-    if proc.returncode != 0:
-        raise ProofError(f"{Path(cmd[0]).name} exited {proc.returncode}: {(proc.stderr or '')[-1500:]}",
-                         hint=" ".join(map(str, cmd)))
-    return proc.stdout
-
-
 def compare_table(tree: Path, db: Path, tool: str, base: str, head: str) -> str:
     """scripts/compare-llama-bench.py's markdown table of `db`, base against head."""
     script = tree / "scripts" / "compare-llama-bench.py"
-    return _run([sys.executable, str(script), "-i", str(db), "--tool", tool, "-b", base, "-c", head],
+    return hd.run_tool([sys.executable, str(script), "-i", str(db), "--tool", tool, "-b", base, "-c", head],
                 600).strip()
 
 
@@ -109,14 +98,11 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
     t0 = time.monotonic()
     hd_root, out = places.harness_diff_dir, places.upstream_bench_dir / rs.stack.name
     out.mkdir(parents=True, exist_ok=True)
-    try:                # the report of the same commits, stack table and settings stands
-        old = json.loads((out / "report.json").read_text())
-        if (old["base_sha"], old["head"], old["bench"], old["settings"]) == (
-                base_sha, rs.head, json.loads(json.dumps(asdict(bench))), json.loads(json.dumps(asdict(settings)))):
-            log(f"upstream-bench {rs.stack.name}: the report of {rs.head[:12]} stands ({out / 'report.md'})")
-            return old
-    except (OSError, ValueError, KeyError):
-        pass
+    old = hd.standing_report(out, {"base_sha": base_sha, "head": rs.head, "bench": asdict(bench),
+                                   "settings": asdict(settings)})
+    if old is not None:
+        log(f"upstream-bench {rs.stack.name}: the report of {rs.head[:12]} stands ({out / 'report.md'})")
+        return old
     sides = {"base": (hd_root / "base", base_sha), "patched": (hd_root / rs.stack.name, rs.head)}
     for sdir, sha in sides.values():
         hd.export_commit(repo, sha, tree_in(sdir))
@@ -150,7 +136,7 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
                         if what.startswith("test-backend-ops") and model is not models[0]:
                             continue            # the op cases do not depend on the model
                         log(f"upstream-bench {rs.stack.name}: {side} ({isa}, round {r + 1}): {what}")
-                        load_sql(db, _run([str(bins[side] / cmd[0]), *cmd[1:]], 7200), labels[side])
+                        load_sql(db, hd.run_tool([str(bins[side] / cmd[0]), *cmd[1:]], 7200), labels[side])
                         ran.setdefault(what, [" ".join(cmd)])
         tree = tree_in(sides["base"][0])
         tables = {"llama-bench": compare_table(tree, db, "llama-bench", labels["base"], labels["patched"])}
@@ -160,7 +146,7 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
         report["builds"][isa] = {"cmake": list(hd.ISA_BUILDS[isa]), "sqlite": str(db), "tables": tables,
                                  "commands": [c for cs in ran.values() for c in cs]}
     report["seconds"] = round(time.monotonic() - t0, 1)
-    write_json((out / "report.json"), report, indent=1)
+    write_json(out / "report.json", report, indent=1)
     (out / "report.md").write_text(markdown(report))
     return report
 
@@ -193,13 +179,10 @@ def evidence_section(report_dir: Path, name: str, base: str, head: str | None = 
     if not wanted:
         return "\n".join(lines + ["No performance claim: the stack has no "
                                   f"`[stacks.{name}.bench]` table, so none was run.", ""])
-    try:
-        report = json.loads((report_dir / name / "report.json").read_text())
-    except (OSError, ValueError):
-        return "\n".join(lines + [f"Not run: `{command}` (or `make pr`).", ""])
-    if report.get("base") != base or (head and report.get("head") != head):
-        return "\n".join(lines + [f"Stale: the tables compare {str(report.get('head'))[:8]} against "
-                                  f"{report.get('base')}: rerun `{command}`.", ""])
+    report, why = hd.stack_report(report_dir, name, base, head)
+    if report is None:
+        return "\n".join(lines + [f"Not run: `{command}` (or `make pr`)." if why == "absent"
+                                  else f"{why}: rerun `{command}`.", ""])
     return "\n".join(lines + [f"`{rerun_command(name, report.get('settings', {}))}` ({report.get('seconds')} s).",
                               "", markdown(report)])
 
