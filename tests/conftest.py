@@ -20,6 +20,7 @@ from llamacpp_mla_port.series import pipeline
 from llamacpp_mla_port.source import obtain
 from llamacpp_mla_port.source.pin import load_pin
 from tests.helpers import golden
+from tests.helpers import PIN_FILE, run_places
 
 
 def pytest_addoption(parser):
@@ -34,7 +35,7 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def pin():
-    return load_pin()
+    return load_pin(PIN_FILE)
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +50,7 @@ def patched_tree(tmp_path_factory) -> Path:
     if override:
         return Path(override)
     patches = tmp_path_factory.mktemp("patches")
-    result = pipeline.patch(pipeline.Options(patches_dir=patches))
+    result = pipeline.patch(pipeline.Options(run_places(patches_dir=patches)))
     return Path(result["tree"])
 
 
@@ -61,4 +62,4 @@ def llama_build(patched_tree) -> Path:
     from llamacpp_mla_port.build import DEFAULT_TARGETS, ensure_build
     # one build for every test: with the RPC backend and ggml-rpc-server (test_rpc), which
     # the other tests run on unchanged
-    return Path(ensure_build(patched_tree, project.places().work_build, DEFAULT_TARGETS, rpc=True))
+    return Path(ensure_build(patched_tree, run_places().work_build, DEFAULT_TARGETS, rpc=True))

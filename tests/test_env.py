@@ -11,9 +11,9 @@ from llamacpp_mla_port.source import obtain
 def test_the_new_prefix_wins_and_the_old_one_is_still_read(monkeypatch, tmp_path):
     monkeypatch.delenv("MLA_PORT_CACHE", raising=False)
     monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "old"))
-    assert project.places().cache_dir == tmp_path / "old"
+    assert project.cache_dir() == tmp_path / "old"
     monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "new"))
-    assert project.places().cache_dir == tmp_path / "new"
+    assert project.cache_dir() == tmp_path / "new"
     monkeypatch.delenv("MLA_PORT_PYPI", raising=False)
     monkeypatch.setenv("LLAMACPP_MLA_PORT_PYPI", "http://old.example/pypi/")
     assert obtain.pypi_json_url("x") == "http://old.example/pypi/x/json"
@@ -27,4 +27,4 @@ def test_unset_means_the_default(monkeypatch):
     assert project.env("ZZ", "d") == "d" and project.env("ZZ") is None
     monkeypatch.setenv("MLA_PORT_CACHE", "")
     monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", "/x")
-    assert project.places().cache_dir == Path("/x")          # an empty new name counts as unset
+    assert project.cache_dir() == Path("/x")          # an empty new name counts as unset

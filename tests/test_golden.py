@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from llamacpp_mla_port.cli import main
+from llamacpp_mla_port.proof.smoke import proof_summary
 from llamacpp_mla_port.series.spec import Evidence, Stack
 from llamacpp_mla_port.upstreaming import canary, pr, pr_docs, walkthrough
 from llamacpp_mla_port.upstreaming.rebase import MERGED, ChangeReport, Outcome, _failure_text, format_text
@@ -315,7 +316,7 @@ SMOKE = {"ok": True, "stages": {"build": {"ok": True}, "parity": {"ok": True}, "
          "lossless": {"n_runs": 6, "n_mismatches": 0, "runs": 6}}
 ENTRIES = [
     {"claim": STACK.evidence[0].claim, "command": pr.SMOKE_COMMAND, "status": "pass",
-     "note": "the proof of this run: proof.json, figures in evidence.json", "figures": pr.proof_summary(SMOKE)},
+     "note": "the proof of this run: proof.json, figures in evidence.json", "figures": proof_summary(SMOKE)},
     {"claim": STACK.evidence[1].claim, "command": STACK.evidence[1].command, "status": "pass", "rc": 0,
      "seconds": 12.5, "output_tail": "collected 3 items\n\n...\n\n3 passed in 12.01s\n"},
     {"claim": STACK.evidence[2].claim, "command": STACK.evidence[2].command, "status": "FAIL", "rc": 1,

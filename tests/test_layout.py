@@ -322,7 +322,7 @@ def place_violations(sources: dict[str, str]) -> list[str]:
                     and value(node.right) in ("work", "work-canary") and isinstance(node.right, ast.Constant):
                 what = f"computes {ast.unparse(node)}"
             if what:
-                out.append(f"{name}:{node.lineno}: {what} (ask project.places())")
+                out.append(f"{name}:{node.lineno}: {what} (ask project.Places)")
     return out
 
 
@@ -342,7 +342,7 @@ def test_the_place_checker_finds_the_old_scattered_decisions():
     found = place_violations(old)
     assert {f.split(":")[0] for f in found} == set(old), found
     assert len(found) == 8, found
-    assert place_violations({"fine": 'x = project.places().work_dir / "bench"\n'
+    assert place_violations({"fine": 'x = places.work_dir / "bench"\n'
                                      'y = os.environ.get("XDG_CACHE_HOME")\nz = project.env("PYPI")\n'}) == []
 
 

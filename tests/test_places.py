@@ -13,7 +13,7 @@ import pytest
 from llamacpp_mla_port import project
 from llamacpp_mla_port.cli import COMMANDS, main, module_of
 from llamacpp_mla_port.commands.common import SCRATCH_FLAGS, TREE_FLAGS
-from llamacpp_mla_port.series.worktree import locate_build
+from llamacpp_mla_port.errors import WorkTreeError
 
 REPO = Path(__file__).resolve().parents[1]
 PLACE_ENV = ("WORK_DIR", "TREE", "BUILD", "CANARY_DIR", "CACHE", "PROOF_BIN", "PROJECT")
@@ -48,10 +48,12 @@ def no_place_env(monkeypatch):
     for name in PLACE_ENV:
         for prefix in (project.ENV_PREFIX, project.OLD_ENV_PREFIX):
             monkeypatch.delenv(prefix + name, raising=False)
-    project.select(REPO)
     yield monkeypatch
-    project.select(None)
-    project.end()
+
+
+def places(**flags) -> project.Places:
+    """The places of a run with `--project REPO` and these flags."""
+    return project.Places(project=REPO).with_flags(**flags)
 
 
 def _parser(verb: str) -> argparse.ArgumentParser:
@@ -83,9 +85,7 @@ def test_every_verb_takes_the_canonical_and_the_old_spellings_for_one_place(verb
         for spelling in (flag, *TREE_FLAGS[flag]):
             assert options[spelling] is options[flag], f"{verb}: {spelling} is not an alias of {flag}"
             ns = _parse(parser, [spelling, str(tmp_path / "p")])
-            project.begin(vars(ns))
-            assert getattr(project.places(), PROPERTY[flag]) == tmp_path / "p", (verb, spelling)
-            project.end()
+            assert getattr(project.Places.of(vars(ns), REPO), PROPERTY[flag]) == tmp_path / "p", (verb, spelling)
     # a place flag is declared only through commands/common.add_tree_args, with its aliases
     for action in parser._actions:
         if action.dest in ("work_dir", "tree", "build_dir"):
@@ -103,7 +103,7 @@ def test_every_verb_takes_the_canonical_and_the_old_spellings_for_one_place(verb
 
 
 def test_the_checkout_defaults(no_place_env):
-    p = project.places()
+    p = places()
     assert p.root == REPO
     assert (p.templates_dir, p.patches_dir) == (REPO / "templates", REPO / "patches")
     assert p.work_dir == REPO / "work"
@@ -117,18 +117,18 @@ def test_the_checkout_defaults(no_place_env):
 def test_the_environment_beats_the_checkout(no_place_env, tmp_path):
     mp = no_place_env
     mp.setenv("LLAMACPP_MLA_PORT_WORK_DIR", str(tmp_path / "old"))         # the old prefix is read
-    assert project.places().work_dir == tmp_path / "old"
+    assert places().work_dir == tmp_path / "old"
     mp.setenv("MLA_PORT_WORK_DIR", str(tmp_path / "w"))
     mp.setenv("MLA_PORT_CANARY_DIR", str(tmp_path / "c"))
     mp.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
-    p = project.places()
+    p = places()
     w = tmp_path / "w"
     assert (p.work_dir, p.tree, p.build_dir) == (w, w / "llama.cpp", w / "build")
-    assert p.canary_dir == tmp_path / "c" and p.base_cache == tmp_path / "cache" / "base.git"
+    assert p.canary_dir == tmp_path / "c" and project.base_cache() == tmp_path / "cache" / "base.git"
     assert p.device_bundle == REPO / "work" / "device-bundle"    # carried by the device call: the checkout's
     mp.setenv("MLA_PORT_TREE", str(tmp_path / "t"))
     mp.setenv("MLA_PORT_BUILD", str(tmp_path / "b"))
-    p = project.places()
+    p = places()
     assert (p.tree, p.build_dir) == (tmp_path / "t", tmp_path / "b")
     # what the tool writes is never redirected by the environment
     assert (p.owned_tree, p.owned_build) == (tmp_path / "w" / "llama.cpp", tmp_path / "w" / "build")
@@ -138,48 +138,56 @@ def test_a_flag_beats_the_environment(no_place_env, tmp_path):
     mp = no_place_env
     for name, sub in (("WORK_DIR", "w"), ("TREE", "t"), ("BUILD", "b"), ("CANARY_DIR", "c")):
         mp.setenv("MLA_PORT_" + name, str(tmp_path / "env" / sub))
-    p = project.places(tree=tmp_path / "ft", build_dir=tmp_path / "fb", canary_dir=tmp_path / "fc")
+    p = places(tree=tmp_path / "ft", build_dir=tmp_path / "fb", canary_dir=tmp_path / "fc")
     assert (p.tree, p.build_dir, p.canary_dir) == (tmp_path / "ft", tmp_path / "fb", tmp_path / "fc")
     assert (p.owned_tree, p.owned_build) == (tmp_path / "ft", tmp_path / "fb")
     assert p.work_dir == tmp_path / "env" / "w"
     # an explicit work dir brings its own tree and build, over the ambient $MLA_PORT_TREE/BUILD
-    p = project.places(work_dir=tmp_path / "fw")
+    p = places(work_dir=tmp_path / "fw")
     fw = tmp_path / "fw"
     assert (p.work_dir, p.tree, p.build_dir) == (fw, fw / "llama.cpp", fw / "build")
-    p = project.places(templates_dir="t", patches_dir="p")
+    p = places(templates_dir="t", patches_dir="p")
     assert (p.templates_dir, p.patches_dir) == (Path("t").absolute(), Path("p").absolute())
     with pytest.raises(TypeError):
-        project.places(wrok_dir=tmp_path)
+        places(wrok_dir=tmp_path)
 
 
 def test_the_run_is_resolved_once_from_the_verbs_flags(no_place_env, tmp_path):
-    project.begin({"work_dir": tmp_path / "w", "tree": None, "json": True})
-    assert project.places().work_dir == tmp_path / "w"
-    assert project.places(tree=tmp_path / "t").work_dir == tmp_path / "w"       # flags on top of the run's
-    project.end()
-    assert project.places().work_dir == REPO / "work"
-    # cli.main builds the run's places and drops them after the verb
+    run = project.Places.of({"work_dir": tmp_path / "w", "tree": None, "json": True}, REPO)
+    assert dict(run.flags) == {"work_dir": tmp_path / "w"}          # the place flags given, nothing else
+    assert run.work_dir == tmp_path / "w" and run.root == REPO
+    assert run.with_flags(tree=tmp_path / "t").work_dir == tmp_path / "w"       # flags on top of the run's
+    assert run.with_flags(tree=None) is run
+    # cli.main builds the places once and hands them to the verb; the module keeps no run state
+    import llamacpp_mla_port.commands.loader_table as verb
+    seen = []
+    no_place_env.setattr(verb, "run", lambda args, given: seen.append(given) or 0)
     tree = tmp_path / "tree"
-    (tree / "include").mkdir(parents=True)
-    assert main(["loader-table", "--work", str(tmp_path / "w"), "--tree", str(tree)]) == 2    # no loader to read
-    assert project.places().work_dir == REPO / "work"
+    assert main(["--project", str(REPO), "loader-table", "--work", str(tmp_path / "w"), "--tree", str(tree)]) == 0
+    assert [(p.root, p.work_dir, p.tree) for p in seen] == [(REPO, tmp_path / "w", tree)]
+    assert not [k for k, v in vars(project).items() if isinstance(v, project.Places)]
+    assert places().work_dir == REPO / "work"
 
 
-def test_locate_build_asks_the_resolver(no_place_env, tmp_path):
+def test_the_build_view(no_place_env, tmp_path):
     mp = no_place_env
     tree = tmp_path / "t"
     (tree / "include").mkdir(parents=True)
     (tree / "include" / "llama.h").write_text("")
     mp.setenv("MLA_PORT_TREE", str(tree))
     mp.setenv("MLA_PORT_BUILD", str(tmp_path / "b"))
-    assert locate_build() == (tree, tmp_path / "b")
-    assert locate_build(build=tmp_path / "b2") == (tree, tmp_path / "b2")
+    b = places().build
+    assert (b.tree, b.dir) == (tree, tmp_path / "b") and b.require_tree() is b
+    assert b.bin("llama-server") == tmp_path / "b" / "bin" / "llama-server"
+    assert places(build_dir=tmp_path / "b2").build.dir == tmp_path / "b2"
+    assert places().owned.dir == REPO / "work" / "build"           # what `build` writes: never the env's
+    with pytest.raises(WorkTreeError, match="no patched llama.cpp tree"):
+        project.Build(tmp_path / "none", tmp_path / "b").require_tree()
 
 
 def test_explicit_places_need_no_checkout(no_place_env, tmp_path):
-    project.select(None)
     no_place_env.chdir(tmp_path)
-    p = project.places(tree=tmp_path / "t", build_dir=tmp_path / "b")
+    p = project.Places().with_flags(tree=tmp_path / "t", build_dir=tmp_path / "b")
     assert (p.tree, p.build_dir) == (tmp_path / "t", tmp_path / "b")
     with pytest.raises(project.ProjectError):
         p.work_dir

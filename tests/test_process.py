@@ -117,9 +117,8 @@ def test_shell_commands_bytes_input_env_and_cwd(tmp_path):
 # ------------------------------------------------------------------ no process outside it
 #: where src/ may start a process itself: (module, outermost function or class; "*": anywhere)
 ALLOWED_STARTS = {
-    ("llamacpp_mla_port.process", "*"): "the funnel",
+    ("llamacpp_mla_port.process", "*"): "the funnel (run) and the long-lived processes' start (spawn)",
     ("llamacpp_mla_port.build", "_run_logged"): "the streaming build: its output shown as it comes",
-    ("llamacpp_mla_port.proof.run.processes", "Owned"): "the proof's long-lived servers, started and stopped",
 }
 #: what starts a process besides the subprocess module
 OS_STARTS = ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp", "spawnl", "spawnle", "spawnlp",

@@ -1,7 +1,8 @@
 """The whole argument tree. Every verb is one module in commands/, imported only when used.
 
-A verb module exposes `configure(parser)` (adds its arguments) and `run(args) -> int`; it
-parses, calls the module that does the work, and returns the exit code. One global option
+A verb module exposes `configure(parser)` (adds its arguments) and `run(args, places) -> int`;
+it calls the module that does the work with the run's places (project.Places, built here once
+from the verb's flags) and returns the exit code. One global option
 comes before the verb: `--project DIR`, the checkout to act on (default: the one holding the
 current directory, found upward like git; see project.py).
 """
@@ -85,18 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     module.configure(verb)
     args = verb.parse_args(rest)
     try:
-        project.select(project_dir)
-        project.begin(vars(args))          # the run's places: its flags > env > the checkout
-        return int(module.run(args) or 0)
+        places = project.Places.of(vars(args), project_dir)    # its flags > env > the checkout
+        if project_dir is not None:
+            places.root                    # a wrong --project is refused before the verb runs
+        return int(module.run(args, places) or 0)
     except PortError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to continue", file=sys.stderr)
         return 130
-    finally:
-        project.select(None)
-        project.end()
 
 
 if __name__ == "__main__":

@@ -4,22 +4,25 @@ The checkout (a folder holding `templates/pin.toml` and `templates/series/`) is 
 the current directory like git, never from where the package is installed; `--project DIR`
 / `$MLA_PORT_PROJECT` name another. `Places` resolves the rest from it: for each place the
 verb's flag, else the environment (`env()`: MLA_PORT_*, the old LLAMACPP_MLA_PORT_* still
-read), else the checkout's default. `cli.main` builds one per run (`begin`); `places()` is it.
+read), else the checkout's default. `cli.main` builds one per run (`Places.of`) and hands it
+to the verb; nothing here holds run state.
 
-    places(**flags)      the run's Places, with these flags on top (library calls, tests)
-    current()            the selected checkout (raises ProjectError outside one)
-    select(path)         what `--project DIR` does (None: back to discovery)
-    find(start)          the nearest checkout at or above `start`, or None
+    Places.of(flags, project)   the run's places, from the verb's parsed flags (cli.main)
+    places.with_flags(**flags)  the same with these flags on top (a sub-run, library callers)
+    places.build / .owned       a `Build` (tree, build dir, bin(name), lib_dir)
+    checkout_root(project)      the checkout (raises ProjectError outside one)
+    find(start)                 the nearest checkout at or above `start`, or None
+    base_cache(), sdist_cache(), proof_bin_dir()   the per-user caches (environment only)
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-from llamacpp_mla_port.errors import ProjectError
+from llamacpp_mla_port.errors import ProjectError, WorkTreeError
 
 #: the one environment prefix; OLD_ENV_PREFIX names are still read (after the new ones)
 ENV_PREFIX, OLD_ENV_PREFIX = "MLA_PORT_", "LLAMACPP_MLA_PORT_"
@@ -35,14 +38,6 @@ ENV_VAR = "MLA_PORT_PROJECT"
 MARKERS = ("templates/pin.toml", "templates/series")
 
 
-@dataclass(frozen=True)
-class Project:
-    root: Path              # the places under it: Places
-
-
-_selected: Path | None = None
-
-
 def is_checkout(path: Path) -> bool:
     return all((Path(path) / m).exists() for m in MARKERS)
 
@@ -56,37 +51,29 @@ def find(start: Path | None = None) -> Path | None:
     return None
 
 
-def select(path: Path | str | None) -> None:
-    """Use `path` as the checkout from now on (`--project DIR`); None goes back to discovery."""
-    global _selected
-    if path is None:
-        _selected = None
-        return
-    path = Path(path).resolve()
-    if not is_checkout(path):
-        raise ProjectError(f"{path} is not a llamacpp-mla-port checkout (no {' and '.join(MARKERS)})",
-                           "pass the folder that holds templates/ and patches/ (the repository root)")
-    _selected = path
-
-
-def current() -> Project:
-    """The checkout to act on: --project, else $MLA_PORT_PROJECT, else found from the cwd upward."""
-    if _selected is not None:
-        return Project(_selected)
-    env = os.environ.get(ENV_VAR)
-    if env:
-        path = Path(env).resolve()
+def checkout_root(given: Path | str | None = None) -> Path:
+    """The checkout to act on: `given` (--project), else $MLA_PORT_PROJECT, else found from
+    the cwd upward."""
+    if given is not None:
+        path = Path(given).resolve()
         if not is_checkout(path):
-            raise ProjectError(f"${ENV_VAR}={env} is not a llamacpp-mla-port checkout",
+            raise ProjectError(f"{path} is not a llamacpp-mla-port checkout (no {' and '.join(MARKERS)})",
+                               "pass the folder that holds templates/ and patches/ (the repository root)")
+        return path
+    env_value = os.environ.get(ENV_VAR)
+    if env_value:
+        path = Path(env_value).resolve()
+        if not is_checkout(path):
+            raise ProjectError(f"${ENV_VAR}={env_value} is not a llamacpp-mla-port checkout",
                                f"unset {ENV_VAR} or point it at the repository root")
-        return Project(path)
+        return path
     root = find()
     if root is None:
         raise ProjectError(
             f"not inside a llamacpp-mla-port checkout ({Path.cwd()} and its parents hold no "
             f"{' and '.join(MARKERS)})",
             "cd into your checkout of the project, or pass --project DIR")
-    return Project(root)
+    return root
 
 
 # ------------------------------------------------------------------------------ the places
@@ -108,6 +95,61 @@ def _user_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"))
 
 
+# ------------------------------------------------------------------ the caches (per user)
+def cache_dir() -> Path:
+    """$MLA_PORT_CACHE (or the old $LLAMACPP_MLA_PORT_CACHE), else $XDG_CACHE_HOME/llamacpp-mla-port."""
+    given = env("CACHE")
+    return Path(given) if given else _user_cache() / "llamacpp-mla-port"
+
+
+def base_cache() -> Path:
+    """The obtain cache: a bare git repo holding every base fetched or imported."""
+    return cache_dir() / "base.git"
+
+
+def sdist_cache() -> Path:
+    return cache_dir() / "sdist"
+
+
+def proof_bin_dir() -> Path:
+    """The compiled proof programs: $MLA_PORT_PROOF_BIN, else
+    $XDG_CACHE_HOME/llamacpp-mla-port/proof-bin (not under $MLA_PORT_CACHE, as before)."""
+    given = env("PROOF_BIN")
+    return Path(given) if given else _user_cache() / "llamacpp-mla-port" / "proof-bin"
+
+
+@dataclass(frozen=True)
+class Build:
+    """A llama.cpp tree and its CMake build dir: where its programs and libraries are."""
+
+    tree: Path
+    dir: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tree", Path(self.tree))
+        object.__setattr__(self, "dir", Path(self.dir))
+
+    def bin(self, name: str) -> Path:
+        """A program of the build (bin/<name>)."""
+        return self.dir / "bin" / name
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.dir / "bin"
+
+    @property
+    def lib_dirs(self) -> tuple[Path, ...]:
+        """Where its shared libraries land (ggml's under ggml/src, the rest in bin/)."""
+        return (self.dir / "ggml" / "src", self.dir / "bin")
+
+    def require_tree(self) -> "Build":
+        """This build, refused when no patched llama.cpp tree is at `tree`."""
+        if not (self.tree / "include" / "llama.h").is_file():
+            raise WorkTreeError(f"no patched llama.cpp tree at {self.tree}",
+                                "run `make patch` and `make build` first, or pass --tree/--build-dir")
+        return self
+
+
 @dataclass(frozen=True)
 class Places:
     """The places of one run. `flags` holds what the verb's flags (or a library caller) gave;
@@ -115,6 +157,22 @@ class Places:
     is looked up only for a place under it (verbs given explicit paths need none)."""
 
     flags: Mapping[str, Path] = field(default_factory=dict)
+    project: Path | None = None         # --project (None: $MLA_PORT_PROJECT, else found from the cwd)
+
+    @classmethod
+    def of(cls, flags: Mapping[str, object], project: Path | str | None = None) -> "Places":
+        """The run's places, from the verb's parsed flags (`cli.main`, once per run): the
+        place flags among them (PLACE_FLAGS) that were given."""
+        return cls({k: Path(v) for k in PLACE_FLAGS if (v := flags.get(k)) is not None},
+                   Path(project) if project is not None else None)
+
+    def with_flags(self, **flags: Path | str | None) -> "Places":
+        """These places with the given (non-None) flags on top."""
+        given = {k: Path(v) for k, v in flags.items() if v is not None}
+        unknown = set(given) - set(PLACE_FLAGS)
+        if unknown:
+            raise TypeError(f"not a place: {', '.join(sorted(unknown))}")
+        return replace(self, flags={**self.flags, **given}) if given else self
 
     def _flag(self, name: str) -> Path | None:
         return self.flags.get(name)
@@ -122,7 +180,7 @@ class Places:
     # ---------------------------------------------------------------- the checkout
     @property
     def root(self) -> Path:
-        return current().root
+        return checkout_root(self.project)
 
     @property
     def templates_dir(self) -> Path:
@@ -174,6 +232,16 @@ class Places:
         """Its build dir: --build-dir, else the --work-dir's, else $MLA_PORT_BUILD, else the work build."""
         return self._read("build_dir", "BUILD", build_in)
 
+    @property
+    def build(self) -> Build:
+        """The patched tree and build the proof and the tree-reading verbs use (tree, build_dir)."""
+        return Build(self.tree, self.build_dir)
+
+    @property
+    def owned(self) -> Build:
+        """What `build` compiles (owned_tree, owned_build)."""
+        return Build(self.owned_tree, self.owned_build)
+
     def _read(self, flag: str, env_name: str, inside) -> Path:
         if self._flag(flag):
             return Path(self._flag(flag))
@@ -202,6 +270,15 @@ class Places:
         return self.work_dir / "pr"
 
     @property
+    def pr_proof_dir(self) -> Path:
+        """make pr's run of the proof on the series head: fixtures, runs, proof.log, smoke.json."""
+        return self.pr_dir / "proof"
+
+    def pr_stack_dir(self, stack: str) -> Path:
+        """make pr's folder of one PR stack."""
+        return self.pr_dir / stack
+
+    @property
     def evidence_dir(self) -> Path:
         """make pr's evidence folder for the whole series (--evidence overrides it)."""
         return self.work_dir / "evidence"
@@ -225,49 +302,3 @@ class Places:
     @property
     def device_dry_out(self) -> Path:
         return self.root / "work" / "device-check"
-
-    # ---------------------------------------------------------------- caches (per user)
-    @property
-    def cache_dir(self) -> Path:
-        """$MLA_PORT_CACHE (or the old $LLAMACPP_MLA_PORT_CACHE), else $XDG_CACHE_HOME/llamacpp-mla-port."""
-        given = env("CACHE")
-        return Path(given) if given else _user_cache() / "llamacpp-mla-port"
-
-    @property
-    def base_cache(self) -> Path:
-        """The obtain cache: a bare git repo holding every base fetched or imported."""
-        return self.cache_dir / "base.git"
-
-    @property
-    def sdist_cache(self) -> Path:
-        return self.cache_dir / "sdist"
-
-    @property
-    def proof_bin_dir(self) -> Path:
-        """The compiled proof programs: $MLA_PORT_PROOF_BIN, else
-        $XDG_CACHE_HOME/llamacpp-mla-port/proof-bin (not under $MLA_PORT_CACHE, as before)."""
-        given = env("PROOF_BIN")
-        return Path(given) if given else _user_cache() / "llamacpp-mla-port" / "proof-bin"
-
-
-_run: Places = Places()
-
-
-def begin(flags: Mapping[str, object]) -> None:
-    """The run's places, from the verb's parsed flags (`cli.main`, once per run)."""
-    global _run
-    _run = Places({k: Path(v) for k in PLACE_FLAGS if (v := flags.get(k)) is not None})
-
-
-def end() -> None:
-    global _run
-    _run = Places()
-
-
-def places(**flags: Path | str | None) -> Places:
-    """The run's places, with the given (non-None) flags on top."""
-    given = {k: Path(v) for k, v in flags.items() if v is not None}
-    unknown = set(given) - set(PLACE_FLAGS)
-    if unknown:
-        raise TypeError(f"not a place: {', '.join(sorted(unknown))}")
-    return Places({**_run.flags, **given}) if given else _run

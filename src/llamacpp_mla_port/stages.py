@@ -31,19 +31,34 @@ class Stages:
     `stop_on_failure`: after the first failure the later stages are not run, but recorded
     as skipped ({"ok": None, "skipped": ...}) by `skip_rest`. `merge`: a stage's returned dict
     goes into its entry (the canary's evidence) instead of being handed back to the caller.
-    `log(name, entry)` is called as each stage ends."""
+    `budget_s`: seconds for all the stages from now (the device check); a stage that needs
+    more than is left is recorded as skipped, not run. `log(name, entry)` is called as each
+    stage ends (or is skipped)."""
 
     def __init__(self, entries: dict, stop_on_failure: bool = False, merge: bool = False,
-                 log: Callable[[str, dict], None] | None = None):
+                 log: Callable[[str, dict], None] | None = None, budget_s: float | None = None):
         self.entries = entries
         self.stop_on_failure = stop_on_failure
         self.merge = merge
         self.log = log
+        self.budget_s = budget_s
+        self.started = time.monotonic()
         self.failed: str | None = None          # the first stage that failed
 
-    def run(self, name: str, fn: Callable[[], object]):
-        """Run one stage; its result (None when it failed, or was not run after a failure)."""
+    def remaining(self) -> float:
+        """Seconds of the budget left (infinite without one)."""
+        return float("inf") if self.budget_s is None else self.budget_s - (time.monotonic() - self.started)
+
+    def run(self, name: str, fn: Callable[[], object], needs_s: float = 0.0):
+        """Run one stage; its result (None when it failed, or was not run after a failure or
+        for want of time: `needs_s`, about what it takes)."""
         if self.stop_on_failure and self.failed is not None:
+            return None
+        if self.remaining() < needs_s:
+            self.entries[name] = {"ok": None, "skipped": f"not run: {self.remaining():.0f} s of the budget left, "
+                                                         f"the stage needs ~{needs_s:.0f} s"}
+            if self.log:
+                self.log(name, self.entries[name])
             return None
         t0 = time.monotonic()
         result = None

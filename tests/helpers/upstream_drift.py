@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from llamacpp_mla_port import project
 from llamacpp_mla_port import gitutil
 from llamacpp_mla_port.series import pipeline
 from llamacpp_mla_port.source import obtain
@@ -187,8 +188,7 @@ class Project:
         self.work = root / "work"
         obtain.fetch_git(load_pin(self.templates / "pin.toml"), str(world.up))
         _complete_cache_history(world)
-        opts = pipeline.Options(work_dir=self.work, patches_dir=self.patches,
-                                templates_dir=self.templates, source="git", git_url=str(world.up))
+        opts = pipeline.Options(self.places(), source="git", git_url=str(world.up))
         if work_tree:
             pipeline.patch(opts, log=lambda *_: None)
         else:
@@ -196,6 +196,11 @@ class Project:
             r = pipeline.render(opts, repo, pin, base)
             pipeline.export_fresh(r, self.patches)
             shutil.rmtree(self.work)
+
+    def places(self) -> project.Places:
+        """The places of a verb given this project's --templates-dir, --patches-dir and --work-dir."""
+        return project.Places().with_flags(templates_dir=self.templates, patches_dir=self.patches,
+                                           work_dir=self.work)
 
     def rebase(self, capsys, *args: str) -> tuple[int, str, str]:
         rc = main(["rebase", "--templates-dir", str(self.templates), "--patches-dir",

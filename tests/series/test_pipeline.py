@@ -23,6 +23,7 @@ from llamacpp_mla_port.errors import (AnchorError, NetworkError, ObtainError, Pi
                                       SeriesError, WorkTreeError)
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.source.pin import load_pin
+from tests.helpers import PIN_FILE, TEMPLATES, run_places
 
 TOOL = [sys.executable, "-m", "llamacpp_mla_port"]
 
@@ -34,7 +35,7 @@ def base(pin, sdist_tarball):
 
 @pytest.fixture()
 def opts(tmp_path, sdist_tarball):
-    return pipeline.Options(work_dir=tmp_path / "work", patches_dir=tmp_path / "patches",
+    return pipeline.Options(run_places(work_dir=tmp_path / "work", patches_dir=tmp_path / "patches"),
                             source="sdist", sdist_file=sdist_tarball)
 
 
@@ -54,7 +55,7 @@ def _snapshot(path: Path) -> dict[str, bytes]:
 # ------------------------------------------------------------------------ golden + determinism
 def test_checked_in_patches_match_a_fresh_render(opts):
     """The golden files: patches/ must equal a fresh render (`make patch` updates them)."""
-    opts.patches_dir = PATCHES_DIR
+    opts = opts.with_flags(patches_dir=PATCHES_DIR)
     diff = pipeline.check(opts, log=lambda *_: None)
     assert diff == "", "patches/ drifted from templates/ (run `make patch`):\n" + diff
     assert not opts.work_dir.exists()        # read-only: no work tree made
@@ -70,7 +71,7 @@ def test_check_never_moves_a_work_tree_on_another_base(opts, tmp_path):
                 env=gitutil.identity_env("a", "a@a", "2026-01-01T00:00:00Z"))
     other = gitutil.run(repo, "rev-parse", "HEAD")
     ws.save_state(**{**ws.state(), "base": other})
-    opts.patches_dir = PATCHES_DIR
+    opts = opts.with_flags(patches_dir=PATCHES_DIR)
     assert pipeline.check(opts, log=lambda *_: None) == ""
     assert gitutil.run(repo, "rev-parse", "HEAD") == other and ws.state()["base"] == other
     pipeline.prepare(opts, log=lambda *_: None)
@@ -91,8 +92,8 @@ def test_rendering_twice_is_byte_identical(opts, tmp_path):
 
 
 def test_series_commits_have_llama_cpp_titles_and_bodies():
-    series = load_series()
-    pin = load_pin()
+    series = load_series(TEMPLATES)
+    pin = load_pin(PIN_FILE)
     from llamacpp_mla_port.series.render import render_series
     repo = gitutil.open_repo(obtain.cache_repo().git_dir)
     base = obtain.cached(pin, "sdist") or obtain.cached(pin, "git")
@@ -133,7 +134,7 @@ def _break(tmp_path, opts, edit) -> pipeline.Options:
     templates = _copy_templates(tmp_path)
     commit_toml = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "commit.toml"
     commit_toml.write_text(edit(commit_toml.read_text()))
-    return dataclasses.replace(opts, templates_dir=templates)
+    return opts.with_flags(templates_dir=templates)
 
 
 def test_missing_anchor_names_file_anchor_base_and_candidates(tmp_path, opts, pin):
@@ -163,7 +164,7 @@ def test_undefined_template_variable_is_an_error(tmp_path, opts):
     msg = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "message.txt.j2"
     msg.write_text(msg.read_text() + "\n{{ no_such_variable }}\n")
     with pytest.raises(RenderError, match="no_such_variable"):
-        pipeline.patch(dataclasses.replace(opts, templates_dir=templates), log=lambda *_: None)
+        pipeline.patch(opts.with_flags(templates_dir=templates), log=lambda *_: None)
 
 
 def test_commit_that_changes_nothing_is_reported(tmp_path, opts):
@@ -175,7 +176,7 @@ def test_commit_that_changes_nothing_is_reported(tmp_path, opts):
     (folder / "commit.toml").write_text(only_first.replace('placement = "after"', 'placement = "replace"'))
     (folder / "constants-dflash-mla.py.j2").write_text("        MODEL_TENSOR.ATTN_Q_A_NORM,\n")
     with pytest.raises(RenderError, match="changes nothing"):
-        pipeline.patch(dataclasses.replace(opts, templates_dir=templates), log=lambda *_: None)
+        pipeline.patch(opts.with_flags(templates_dir=templates), log=lambda *_: None)
 
 
 # ------------------------------------------------------------------------ sources
@@ -334,7 +335,7 @@ def test_apply_failure_leaves_the_base_not_half_applied(opts):
     base = pipeline.Options.workspace(opts).state()["base"]
     with pytest.raises(SeriesError, match="git am -3"):
         series_mod.apply(repo, base, "mla-port", series_mod.read_series(opts.patches_dir),
-                         load_series())
+                         load_series(TEMPLATES))
     assert gitutil.run(repo, "rev-parse", "HEAD") == base
     assert gitutil.run(repo, "status", "--porcelain") == ""
     assert not (Path(repo.git_dir) / "rebase-apply").exists()
@@ -345,7 +346,7 @@ def test_relative_work_dirs_name_one_place(tmp_path, sdist_tarball, monkeypatch)
     directories, so the tool must not resolve the relative path against each of them."""
     monkeypatch.setenv("MLA_PORT_PROJECT", str(REPO))
     monkeypatch.chdir(tmp_path)
-    rel = pipeline.Options(work_dir=Path("rel-work"), patches_dir=Path("rel-patches"),
+    rel = pipeline.Options(run_places(work_dir=Path("rel-work"), patches_dir=Path("rel-patches")),
                            source="sdist", sdist_file=sdist_tarball)
     result = pipeline.patch(rel, log=lambda *_: None)
     assert Path(result["tree"]) == tmp_path / "rel-work" / "llama.cpp"
@@ -439,7 +440,7 @@ def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, 
     gitutil.run(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
     # the git-source upstream fetch makes the cache shallow; the shallow state is exactly what
     # a fresh work tree must cope with
-    opts = pipeline.Options(work_dir=tmp_path / "work", patches_dir=tmp_path / "patches",
+    opts = pipeline.Options(run_places(work_dir=tmp_path / "work", patches_dir=tmp_path / "patches"),
                             source="git", git_url=str(bare), commit=first)
     tree = Path(pipeline.patch(opts, log=lambda *_: None)["tree"])
     assert (Path(obtain.cache_repo().git_dir) / "shallow").exists()
@@ -448,7 +449,7 @@ def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, 
     moved = dataclasses.replace(opts, commit=second)
     pipeline.patch(moved, log=lambda *_: None)
     assert gitutil.run(tree, "rev-parse", "mla-port-base") == second
-    assert gitutil.run(tree, "rev-parse", "HEAD~" + str(len(load_series().commits))) == second
+    assert gitutil.run(tree, "rev-parse", "HEAD~" + str(len(load_series(TEMPLATES).commits))) == second
     assert (tree / "NEWS.md").read_text() == "upstream moved on\n"
 
 
@@ -465,7 +466,7 @@ def test_reapplying_keeps_the_mtime_of_files_whose_content_did_not_change(tmp_pa
     templates = _copy_templates(tmp_path)
     hunk = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "constants-dflash-mla.py.j2"
     hunk.write_text(hunk.read_text().replace("        MODEL_TENSOR.ATTN_KV_A_NORM,\n", ""))
-    pipeline.patch(dataclasses.replace(opts, templates_dir=templates), log=lambda *_: None)
+    pipeline.patch(opts.with_flags(templates_dir=templates), log=lambda *_: None)
     assert constants.read_text().count("MODEL_TENSOR.ATTN_KV_A_NORM,") == before - 1
     assert constants.stat().st_mtime_ns != 1_000_000_000
     assert all(p.stat().st_mtime_ns == 1_000_000_000 for p in others)
@@ -479,7 +480,7 @@ def test_a_reworded_commit_is_applied_again(tmp_path, opts):
     message = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "message.txt.j2"
     message.write_text(message.read_text() + "\nReworded.\n")
     logs: list[str] = []
-    pipeline.patch(dataclasses.replace(opts, templates_dir=templates), log=logs.append)
+    pipeline.patch(opts.with_flags(templates_dir=templates), log=logs.append)
     assert not any("already applied" in line for line in logs), logs
     assert "Reworded." in gitutil.run(repo, "log", "--format=%B", "mla-port-base..HEAD")
 

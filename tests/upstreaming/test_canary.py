@@ -30,6 +30,8 @@ from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.source import newer as newer_mod, obtain
 from llamacpp_mla_port.upstreaming import canary
 from tests.helpers.upstream_drift import GGUF, GRAPH, K_SET_INPUT, MASK, Project, make_world
+from llamacpp_mla_port import project
+from llamacpp_mla_port.proof import smoke as smoke_mod
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -279,12 +281,12 @@ def test_a_failing_proof_names_its_check_first():
                 "lossless": {"n_mismatches": len(mismatches), "mismatches": list(mismatches)},
                 "stages": {"parity": {"ok": parity_pass}, "target": {"ok": stages_ok, "error": "taps differ"},
                            "lossless": {"ok": not mismatches, "error": f"{len(mismatches)} outputs differ"}}}
-    first = canary.failing_checks(smoke(parity_pass=False))[0]
+    first = smoke_mod.failing_checks(smoke(parity_pass=False))[0]
     assert (first["check"], first["config"], first["mode"]) == ("parity", "h4", "f32")
     assert "NMSE 0.003 over the threshold 1e-09" in first["message"]
-    lossless = canary.failing_checks(smoke(mismatches=["server bigram k=3: 'a' != 'b'"]))
+    lossless = smoke_mod.failing_checks(smoke(mismatches=["server bigram k=3: 'a' != 'b'"]))
     assert lossless[0]["check"] == "lossless" and "'a' != 'b'" in lossless[0]["message"]
-    assert [c["check"] for c in canary.failing_checks(smoke(stages_ok=False))] == ["target"]
+    assert [c["check"] for c in smoke_mod.failing_checks(smoke(stages_ok=False))] == ["target"]
 
 
 def test_proof_figures_are_compared_as_printed():
@@ -294,9 +296,9 @@ def test_proof_figures_are_compared_as_printed():
                                                      "p_min": 0.0, "identical": identical, "of": 20,
                                                      "drafted": 90, "accepted": 31}], "server": []},
                 "target_side": {"MK-block12": {"worst_nmse_vs_prefix_stream": 0.0}}}
-    same = canary.compare_figures(smoke(1.234e-13, 20), smoke(1.2341e-13, 20))
+    same = smoke_mod.compare_figures(smoke(1.234e-13, 20), smoke(1.2341e-13, 20))
     assert same == {"equal": True, "compared": 4, "differences": []}
-    other = canary.compare_figures(smoke(1.234e-13, 20), smoke(1.3e-13, 19))
+    other = smoke_mod.compare_figures(smoke(1.234e-13, 20), smoke(1.3e-13, 19))
     assert not other["equal"] and [d["figure"] for d in other["differences"]] == [
         "lossless simple bigram k=3 fa=False p_min=0.0", "parity h4 f32 worst NMSE"]
     assert other["differences"][1] == {"figure": "parity h4 f32 worst NMSE", "baseline": "1.23e-13",
@@ -536,8 +538,7 @@ def test_rebase_onto_a_recorded_sdist_row_pins_its_tag_and_tree(world, index, tm
     tree = p.work / "llama.cpp"
     assert gitutil.run(tree, "rev-parse", "HEAD~2^{tree}") == got.base.tree
     assert gitutil.run(tree, "status", "--porcelain") == ""
-    assert pipeline.check(pipeline.Options(work_dir=p.work, patches_dir=p.patches,
-                                           templates_dir=p.templates), log=lambda *_: None) == ""
+    assert pipeline.check(pipeline.Options(p.places()), log=lambda *_: None) == ""
 
 
 def test_the_pin_and_the_upstreams_table_name_one_tree_for_its_tag():
@@ -578,10 +579,10 @@ def test_make_canary_on_the_newest_known_upstream(tmp_path):
     one line, and the full canary runs on that tree by its tag."""
     pin = load_pin(REPO / "templates" / "pin.toml")
     onto = []
-    if newer_mod.nothing_newer(pin.tag) is not None:
+    if newer_mod.nothing_newer(pin.tag, REPO / "templates") is not None:
         proc = subprocess.run(["make", "-s", "canary", f"CANARY_DIR={tmp_path / 'none'}"], cwd=REPO,
                               capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0 and proc.stdout.strip() == newer_mod.nothing_newer(pin.tag)
+        assert proc.returncode == 0 and proc.stdout.strip() == newer_mod.nothing_newer(pin.tag, REPO / "templates")
         onto = [f"CANARY_ONTO={newer_mod.newest(REPO / 'templates').tag}"]
     proc = subprocess.run(["make", "-s", "canary", f"CANARY_DIR={tmp_path / 'canary'}", *onto], cwd=REPO,
                           capture_output=True, text=True, timeout=3600)
@@ -604,7 +605,7 @@ def test_a_relative_canary_dir_names_one_place(tmp_path, monkeypatch):
     from llamacpp_mla_port.upstreaming.canary import CanaryOptions
 
     monkeypatch.chdir(tmp_path)
-    opts = CanaryOptions(onto="newest", canary_dir=Path("work-canary"),
-                         templates_dir=Path("t"), patches_dir=Path("p"))
+    opts = CanaryOptions(onto="newest", places=project.Places().with_flags(
+        canary_dir=Path("work-canary"), templates_dir=Path("t"), patches_dir=Path("p")))
     assert opts.canary_dir == tmp_path / "work-canary"
     assert opts.templates_dir == tmp_path / "t" and opts.patches_dir == tmp_path / "p"

@@ -363,7 +363,7 @@ def test_make_pr_writes_the_plan_the_issue_skeleton_and_the_comment_kit(world, t
           '[stacks.gguf-demo]\nupstream = "comment"\ncomment_on = 26724\norder = 2\n')
     _edit(p.templates, '[stacks.graph-demo]\n',
           '[stacks.graph-demo]\norder = 1\nissue_first = true\nissue_facts = ["seven tokens a pass"]\n')
-    make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates, skip_build=True,
+    make_pr(PrOptions(p.places(), skip_build=True,
                       skip_smoke=True, skip_evidence=True, upstream_checks=False), smoke=None,
             log=lambda *_: None)
     text = (p.work / "pr" / "PLAN.md").read_text()

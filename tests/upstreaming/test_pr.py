@@ -204,19 +204,19 @@ def world(tmp_path_factory, pin, sdist_tarball):
     yield from make_world(tmp_path_factory, pin, sdist_tarball)
 
 
-def _fake_smoke(tree, build_dir, extra, log):
+def _fake_smoke(folder, where, **settings):
     return {"ok": True, "stages": {"build": {"ok": True}, "parity": {"ok": True}},
             "parity": {"mla-tiny": {"modes": {"f32": {"worst_nmse": 1e-9}},
                                     "draft_kv_bytes_per_token_f32": 576,
                                     "draft_kv_bytes_per_token_f16": 288}},
-            "lossless": {"n_runs": 6, "n_mismatches": 0}, "extra": extra}
+            "lossless": {"n_runs": 6, "n_mismatches": 0}, "settings": settings}
 
 
 def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     p = Project(world, tmp_path, world.base)
     built = []
-    result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
-                               smoke_args=("--quick",), upstream_checks=False),
+    result = make_pr(PrOptions(p.places(),
+                               proof_settings={"quick": True}, upstream_checks=False),
                      build=lambda tree, bd, targets: built.append(
                          gitutil.run(tree, "rev-parse", "HEAD")),
                      smoke=_fake_smoke, log=lambda *_: None)
@@ -238,7 +238,7 @@ def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     assert summary["proof"]["parity_worst_nmse"] == {"mla-tiny": {"f32": 1e-9}}
     assert summary["proof"]["lossless"] == {"n_runs": 6, "n_mismatches": 0}
     assert [c["ok"] for c in summary["build"]["commits"]] == [True, True]
-    assert json.loads((ev / "proof.json").read_text())["extra"] == ["--quick"]
+    assert json.loads((ev / "proof.json").read_text())["settings"] == {"quick": True}
     assert "AI usage disclosure" in (ev / "CHECKLIST.md").read_text()
     # one folder per PR stack
     assert sorted(result["stacks"]) == ["gguf-demo", "graph-demo"]
@@ -300,7 +300,7 @@ def test_make_pr_runs_upstreams_tests_per_stack_and_evidence_carries_them(world,
     monkeypatch.setattr(ub, "run_stack", fake_bench)
     port = p.templates / "port.toml"
     port.write_text(port.read_text() + '\n[stacks.graph-demo.bench]\ntypes = ["q8_0"]\n')
-    result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
+    result = make_pr(PrOptions(p.places(),
                                skip_smoke=True, upstream_checks=False, harness_diff=True, upstream_bench=True),
                      build=lambda *a: None, smoke=None, log=lambda *_: None)
     assert swept == ["gguf-demo", "graph-demo"] and benched == [("graph-demo", ("q8_0",))]
@@ -319,7 +319,7 @@ def test_make_pr_runs_upstreams_tests_per_stack_and_evidence_carries_them(world,
     assert "REGRESSIONS" in (p.work / "pr" / "graph-demo" / "EVIDENCE.md").read_text()
     # --skip-build skips the sweep: nothing is built, so nothing is compared
     swept.clear()
-    make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates, skip_build=True,
+    make_pr(PrOptions(p.places(), skip_build=True,
                       skip_smoke=True, upstream_checks=False, harness_diff=True), smoke=None, log=lambda *_: None)
     assert swept == []
 
@@ -329,9 +329,8 @@ def test_make_pr_reports_a_defect_of_one_commit(world, tmp_path):
     mask = p.templates / "series" / "20-graph-demo" / "mask.cpp.j2"
     mask.write_text(mask.read_text().replace("    }\n", "    } \n"))
     from llamacpp_mla_port.series import pipeline
-    pipeline.patch(pipeline.Options(work_dir=p.work, patches_dir=p.patches,
-                                    templates_dir=p.templates), log=lambda *_: None)
-    result = make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates,
+    pipeline.patch(pipeline.Options(p.places()), log=lambda *_: None)
+    result = make_pr(PrOptions(p.places(),
                                skip_build=True, skip_smoke=True, upstream_checks=False), smoke=None,
                      log=lambda *_: None)
     assert not result["ok"] and result["checks"]["whitespace"] is False
@@ -349,7 +348,7 @@ def test_make_pr_needs_the_applied_series(world, tmp_path):
     p = Project(world, tmp_path, world.base)
     gitutil.run(p.work / "llama.cpp", "checkout", "-q", "mla-port-base")
     with pytest.raises(SeriesError, match="not applied"):
-        make_pr(PrOptions(work_dir=p.work, patches_dir=p.patches, templates_dir=p.templates),
+        make_pr(PrOptions(p.places()),
                 build=lambda *a: None, smoke=_fake_smoke, log=lambda *_: None)
     assert not (p.work / "evidence").exists()
 

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from tests.helpers import PIN_FILE
 from llamacpp_mla_port import gitutil
 from llamacpp_mla_port.series import pipeline
 from llamacpp_mla_port.source.pin import load_pin
@@ -61,7 +62,7 @@ def test_lines_shifted_above_anchors_rebase_moves_the_pin(world, tmp_path, capsy
     assert f"pin moved to {new[:12]} ({new})" in out
     # the pin: forward, sdist table dropped with a note saying why
     pin = load_pin(p.templates / "pin.toml")
-    assert pin.commit == new and pin.sdist is None and pin.url == load_pin().url
+    assert pin.commit == new and pin.sdist is None and pin.url == load_pin(PIN_FILE).url
     text = (p.templates / "pin.toml").read_text()
     assert "No [sdist]" in text and "vendors that commit, not this one" in text
     # patches/ re-exported against the new base, and the work tree moved with it
@@ -77,8 +78,7 @@ def test_lines_shifted_above_anchors_rebase_moves_the_pin(world, tmp_path, capsy
     assert "1:" in out and "= 1:" in out and "2:" in out and "= 2:" in out
     assert "gguf-py : list two more DFLASH tensors" in out
     # and `check` agrees: patches/ equal a fresh render at the new pin
-    assert pipeline.check(pipeline.Options(work_dir=p.work, patches_dir=p.patches,
-                                           templates_dir=p.templates), log=lambda *_: None) == ""
+    assert pipeline.check(pipeline.Options(p.places()), log=lambda *_: None) == ""
 
 
 def test_canary_passes_and_writes_nothing(world, untouched, capsys):

@@ -27,7 +27,6 @@ from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
 from llamacpp_mla_port.proof import lossless
 from llamacpp_mla_port.proof.rpc import draft_args, target_split_args
 from llamacpp_mla_port.proof.run.processes import RpcServer, run_bounded
-from llamacpp_mla_port.series import pipeline
 
 DRAFT_MAX = 7
 
@@ -62,10 +61,10 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: <work dir>/bench-rpc)")
     args = ap.parse_args()
 
-    opts = pipeline.Options()
-    tree, build = opts.workspace().tree, opts.workspace().build_dir
+    places = project.Places()           # this entry point's run: the checkout's defaults and the env
+    tree, build = places.work_tree, places.work_build
     ensure_build(tree, build, DEFAULT_TARGETS, rpc=True, echo=False)
-    work = (args.work or project.places().bench_rpc_dir).resolve()
+    work = (args.work or places.bench_rpc_dir).resolve()
     base = write_kimi_k3_target(build, work / "kimi-k3.gguf")
     pair = lossless.prepare_pair(tree, build, work / "pair", base, args.prompts, draft_names=("bigram",))
 

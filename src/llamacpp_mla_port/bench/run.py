@@ -39,6 +39,10 @@ from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.stages import Stages, write_json
 
 #: what a stage needs from earlier ones (a --stages subset runs these too)
+#: the stages in the order run_bench runs them (the verb's --stages choices)
+STAGES = ("models", "floors", "kv", "passes", "sweep", "torch", "spec", "tool")
+STAGE_METHODS = {"models": "make_models"}      # the Bench method of a stage (default: its name)
+LAST_CHECKPOINT_USE = "torch"                   # the checkpoint (PyTorch path) is deleted after it
 NEEDS = {"floors": {"models"}, "kv": {"models"}, "passes": {"models", "floors"}, "torch": {"models", "kv", "passes"}}
 
 BENCH_TARGETS = TARGET_SETS["bench"]       # build.TARGET_SETS: the one table
@@ -59,7 +63,9 @@ def _log(msg: str) -> None:
 
 class Bench:
     def __init__(self, tree: Path, build: Path, out: Path, threads: int, repeats: int = 3,
-                 reuse_models: bool = False, stages: tuple[str, ...] | None = None, baseline: Path | None = None):
+                 reuse_models: bool = False, stages: tuple[str, ...] | None = None, baseline: Path | None = None,
+                 root: Path | None = None):
+        self.root = root            # the checkout (the tool stage times `make patch` / `make build` in it)
         self.tree, self.build, self.out = Path(tree).resolve(), Path(build).resolve(), Path(out).resolve()
         self.baseline = Path(baseline).resolve() if baseline else None
         self.models = self.out / "models"
@@ -365,7 +371,7 @@ class Bench:
 
     # ------------------------------------------------------------------ the tool itself
     def tool(self) -> None:
-        self.report["tool"] = tool_timings(self.out / "tool", self.threads, log=_log)
+        self.report["tool"] = tool_timings(self.out / "tool", self.threads, self.root, log=_log)
         self.report["commands"].update(self.report["tool"].pop("commands", {}))
 
     def cleanup(self) -> None:
@@ -492,18 +498,15 @@ def _timed(argv, env=None, cwd=None, timeout=3600) -> float:
     return proc.seconds
 
 
-def tool_timings(work: Path, threads: int, log=print) -> dict:
+def tool_timings(work: Path, threads: int, root: Path, log=print) -> dict:
     """`make patch` into a fresh work dir (cold: clone from the download cache, render, apply) and
     again (warm); `make build` of that tree into an empty build dir with ccache off (cold) and
     after one template changed (a comment added to the MLA graph template: re-render, re-apply,
     rebuild what changed). Each with the equivalent CLI line (the Makefile calls the same)."""
-    from llamacpp_mla_port import project
-
     work = Path(work).resolve()
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    root = project.places().root
     tool = [sys.executable, "-m", "llamacpp_mla_port"]
     wd = work / "w"
     patches = work / "patches"
@@ -547,7 +550,8 @@ def tool_timings(work: Path, threads: int, log=print) -> dict:
 
 def run_bench(tree: Path, build: Path, out: Path, threads: int | None = None, repeats: int = 3,
               reuse_models: bool = False, stages: tuple[str, ...] | None = None,
-              baseline: Path | None = None) -> dict:
+              baseline: Path | None = None, root: Path | None = None) -> dict:
+    """`root`: the checkout, for the tool stage (not needed without it)."""
     from llamacpp_mla_port.bench.report import write_report
     from llamacpp_mla_port.build import ensure_build
 
@@ -561,22 +565,17 @@ def run_bench(tree: Path, build: Path, out: Path, threads: int | None = None, re
                 break
             wanted |= more
         stages = tuple(wanted)
-    b = Bench(tree, build, out, threads, repeats, reuse_models, stages, baseline)
+    b = Bench(tree, build, out, threads, repeats, reuse_models, stages, baseline, root)
     free = shutil.disk_usage(b.out.parent if b.out.parent.exists() else Path.cwd()).free
     writes_models = stages is None or "models" in stages   # the sweep alone makes no model
     if free < 25e9 and writes_models and not reuse_models:
         raise ProofError(f"make bench writes ~22 GB of real-size models under {b.out}; {free / 1e9:.1f} GB free",
                          hint="free disk space, or pass --out DIR on a larger disk")
     ensure_build(tree, build, BENCH_TARGETS, echo=False)
-    b.stage("models", b.make_models)
-    b.stage("floors", b.floors)
-    b.stage("kv", b.kv)
-    b.stage("passes", b.passes)
-    b.stage("sweep", b.sweep)
-    b.stage("torch", b.torch)
-    b.cleanup()
-    b.stage("spec", b.spec)
-    b.stage("tool", b.tool)
+    for name in STAGES:
+        b.stage(name, getattr(b, STAGE_METHODS.get(name, name)))
+        if name == LAST_CHECKPOINT_USE:
+            b.cleanup()
     b.report["total_seconds" if stages is None else "last_partial_run_seconds"] = round(time.monotonic() - t0, 1)
     b.save()
     write_report(b.report, b.out)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from llamacpp_mla_port.bench.run import STAGES
 from llamacpp_mla_port.commands.common import add_tree_args
 
-STAGES = ("models", "floors", "kv", "passes", "sweep", "torch", "spec", "tool")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,11 +31,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "earlier ones; a subset updates the existing report.json)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, places) -> int:
     from llamacpp_mla_port.bench.run import run_bench
     from llamacpp_mla_port.errors import PortError
-    from llamacpp_mla_port import project
-    from llamacpp_mla_port.series.worktree import locate_build
 
     stages = None
     if args.stages:
@@ -43,14 +41,15 @@ def run(args: argparse.Namespace) -> int:
         unknown = sorted(set(stages) - set(STAGES))
         if unknown:
             raise PortError(f"unknown stage(s) {', '.join(unknown)}", hint=f"choose from {', '.join(STAGES)}")
-    tree, build = locate_build(args.tree, args.build_dir)
-    out = args.out or project.places().bench_dir
+    tree, build = places.build.require_tree().tree, places.build.dir
+    out = args.out or places.bench_dir
     if args.baseline_build is not None and not (args.baseline_build / "bin").is_dir():
         raise PortError(f"--baseline-build {args.baseline_build}: not a build dir (no bin/)",
                         hint="build the tree without the commit first, e.g. `llamacpp-mla-port build --tree "
                              "DIR --build-dir DIR-build` (docs/bench.md)")
     report = run_bench(tree, build, out, threads=args.threads, repeats=args.repeats,
-                       reuse_models=args.reuse_models, stages=stages, baseline=args.baseline_build)
+                       reuse_models=args.reuse_models, stages=stages, baseline=args.baseline_build,
+                       root=places.root)
     seconds = report["last_partial_run_seconds"] if stages else report["total_seconds"]
     print(f"report: {Path(out) / 'report.md'} ({seconds} s)")
     failed = [k for k, v in report["stages"].items() if not v["ok"]]

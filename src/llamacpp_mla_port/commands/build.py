@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from llamacpp_mla_port import project
 from llamacpp_mla_port.build import DEFAULT_TARGETS, RPC_TARGETS, ensure_build
 from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.series.worktree import require_applied
@@ -29,8 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="do not stream the build output")
 
 
-def run(args: argparse.Namespace) -> int:
-    places = project.places(work_dir=args.work_dir, tree=args.tree, build_dir=args.build_dir)
+def run(args: argparse.Namespace, places) -> int:
     tree, build_dir = places.owned_tree, places.owned_build
     require_applied(tree)
     targets = args.targets or list(DEFAULT_TARGETS)

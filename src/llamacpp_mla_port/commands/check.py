@@ -12,8 +12,8 @@ def configure(parser):
                         help="colour the drift diff (pygments)")
 
 
-def run(args) -> int:
-    diff = pipeline.check(options(args))
+def run(args, places) -> int:
+    diff = pipeline.check(options(args, places))
     if not diff:
         print("patches/ match a fresh render")
         return 0

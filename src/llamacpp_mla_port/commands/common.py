@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from llamacpp_mla_port.project import Places
     from llamacpp_mla_port.series.pipeline import Options
 
 # the engine (GitPython) is imported only by the verbs that use it: the device driver, which
@@ -62,7 +63,7 @@ def add_source_args(parser: argparse.ArgumentParser) -> None:
                         help="where the exported series lives (default: ./patches)")
 
 
-def options(args: argparse.Namespace) -> Options:
+def options(args: argparse.Namespace, places: Places) -> Options:
     from llamacpp_mla_port.series.pipeline import Options
-    return Options(work_dir=args.work_dir, patches_dir=args.patches_dir, source=args.source,
+    return Options(places, source=args.source,
                    git_url=args.git_url, sdist_file=args.sdist_file, commit=args.commit)

@@ -43,7 +43,7 @@ def _log(msg: str) -> None:
     sys.stderr.flush()
 
 
-def run(args) -> int:
+def run(args, places) -> int:
     from llamacpp_mla_port.device import bundle as device
     from llamacpp_mla_port.device.check import run_check
     from llamacpp_mla_port.device.report import format_report
@@ -59,12 +59,8 @@ def run(args) -> int:
         sys.stdout.write(format_report(report))
         return 0 if report["ok"] else 1
 
-    from llamacpp_mla_port import project
-    from llamacpp_mla_port.series.worktree import locate_build
-
-    places = project.places()
     root = places.root
-    tree, build = locate_build(args.tree, args.build_dir)
+    tree, build = places.build.require_tree().tree, places.build.dir
     folder = args.bundle or places.device_bundle
     manifest = device.prepare_bundle(tree, build, folder, repo_root=root, n_prompts=args.prompts, log=_log)
     sys.stdout.write((folder / "README.md").read_text())

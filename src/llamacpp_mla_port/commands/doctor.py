@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fix.add_argument("--force", action="store_true", help="overwrite OUT.gguf if it exists")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, places) -> int:
     fixing = args.fix_metadata is not None
     if not fixing and (args.target_layers or args.from_config or args.block_size is not None):
         raise PortError("--target-layers, --from-config and --block-size need --fix-metadata OUT.gguf",

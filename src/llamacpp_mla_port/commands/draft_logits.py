@@ -23,7 +23,6 @@ from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.proof.reference.model import stream_taps
 from llamacpp_mla_port.proof.run.draft_logits import CACHE_TYPES, run_draft_logits
 from llamacpp_mla_port.proof.run.programs import compile_program
-from llamacpp_mla_port.series.worktree import locate_build
 
 
 def configure(parser) -> None:
@@ -52,8 +51,8 @@ def configure(parser) -> None:
                              "(float64, and emulating the backend in a reduced precision)")
 
 
-def run(args) -> int:
-    tree, build = locate_build(args.tree, args.build_dir)
+def run(args, places) -> int:
+    tree, build = places.build.require_tree().tree, places.build.dir
     binary = compile_program("draft-logits", tree, build)
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     ref = None

@@ -30,7 +30,7 @@ def configure(parser) -> None:
     parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs")
 
 
-def run(args) -> int:
+def run(args, places) -> int:
     from llamacpp_mla_port import project
     from llamacpp_mla_port.series import stacks
     from llamacpp_mla_port.source import obtain
@@ -38,12 +38,11 @@ def run(args) -> int:
     from llamacpp_mla_port.series.worktree import require_applied
     from llamacpp_mla_port.upstreaming import harness_diff as hd
 
-    opts = options(args)
+    opts = options(args, places)
     pin = opts.pin()
     # the base from the obtain cache: a read-only verb never moves the work tree
     base = obtain.obtain(pin, opts.source, opts.git_url, opts.sdist_file)
     repo = obtain.cache_repo()
-    places = project.places()
     root = places.harness_diff_dir
 
     def listed(text: str | None, default: list[str]) -> list[str]:

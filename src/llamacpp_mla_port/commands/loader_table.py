@@ -11,7 +11,6 @@ import difflib
 import sys
 from pathlib import Path
 
-from llamacpp_mla_port import project
 from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.doctor.loader_table import TABLE_NAME, generate, render
 
@@ -25,8 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write", action="store_true", help=f"rewrite {TABLE_IN_CHECKOUT} from the tree")
 
 
-def run(args: argparse.Namespace) -> int:
-    places = project.places(work_dir=args.work_dir, tree=args.tree)
+def run(args: argparse.Namespace, places) -> int:
     tree = places.tree
     fresh = render(generate(tree))
     path = places.root / TABLE_IN_CHECKOUT

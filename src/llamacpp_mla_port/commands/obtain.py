@@ -8,7 +8,7 @@ def configure(parser):
     add_source_args(parser)
 
 
-def run(args) -> int:
-    ws, repo, pin, base = pipeline.prepare(options(args))
+def run(args, places) -> int:
+    ws, repo, pin, base = pipeline.prepare(options(args, places))
     print(f"base {pin.tag} {pin.commit or 'tree ' + pin.tree} ({base.source}, tree {base.tree[:12]}) in {ws.tree}")
     return 0

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args
 from llamacpp_mla_port.proof.parity import format_mode_table, run_matrix
-from llamacpp_mla_port.series.worktree import locate_build
 
 
 def configure(parser) -> None:
@@ -33,8 +32,8 @@ def _log(msg: str) -> None:
     sys.stderr.flush()
 
 
-def run(args) -> int:
-    tree, build = locate_build(args.tree, args.build_dir)
+def run(args, places) -> int:
+    tree, build = places.build.require_tree().tree, places.build.dir
     work = args.scratch_dir or Path(tempfile.mkdtemp(prefix="mla-port-parity-"))
     result = run_matrix(tree.resolve(), build.resolve(), work.resolve(), threads=args.threads, log=_log)
     table = result.report["modes"]

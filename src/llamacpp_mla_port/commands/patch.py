@@ -8,6 +8,6 @@ def configure(parser):
     add_source_args(parser)
 
 
-def run(args) -> int:
-    pipeline.patch(options(args))
+def run(args, places) -> int:
+    pipeline.patch(options(args, places))
     return 0

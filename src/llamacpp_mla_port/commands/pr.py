@@ -10,6 +10,8 @@ import argparse
 from pathlib import Path
 
 from llamacpp_mla_port.commands.common import add_tree_args
+from llamacpp_mla_port.errors import PortError
+from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.upstreaming.pr import PR_TARGETS, PrOptions, make_pr
 
 
@@ -43,15 +45,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", dest="stacks", action="append", default=[], metavar="NAME",
                         help="only this PR stack (templates/port.toml [stacks]; repeatable)")
     parser.add_argument("--smoke-arg", dest="smoke_args", action="append", default=[],
-                        metavar="ARG", help="passed to `smoke` (e.g. --smoke-arg=--quick)")
+                        metavar="ARG", help="a setting of the proof as `smoke` spells it: --quick, --no-server, "
+                                            "--threads=N (e.g. --smoke-arg=--quick)")
 
 
-def run(args: argparse.Namespace) -> int:
-    opts = PrOptions(work_dir=args.work_dir, patches_dir=args.patches_dir,
-                     templates_dir=args.templates_dir, evidence=args.evidence,
+def proof_settings(smoke_args: list[str]) -> dict:
+    """--smoke-arg values, read by the proof verb's own parser: the settings prove_into takes."""
+    from llamacpp_mla_port.commands import smoke
+    parser = argparse.ArgumentParser(prog="pr --smoke-arg", add_help=False)
+    smoke.configure(parser)
+    given = parser.parse_args(smoke_args)
+    elsewhere = [a for a in smoke_args if a.split("=")[0] not in ("--quick", "--no-server", "--threads")
+                 and not a.isdigit()]
+    if elsewhere:
+        raise PortError(f"--smoke-arg {' '.join(elsewhere)}: make pr runs the proof on the work tree, "
+                        "in <work-dir>/pr/proof", "pass only --quick, --no-server or --threads=N")
+    return {"quick": given.quick, "server": not given.no_server, "threads": given.threads}
+
+
+def run(args: argparse.Namespace, places: Places) -> int:
+    opts = PrOptions(places, evidence=args.evidence,
                      build_dir=args.pr_build_dir, targets=tuple(args.targets or PR_TARGETS),
                      jobs=args.jobs, skip_build=args.skip_build, skip_smoke=args.skip_smoke,
-                     smoke_args=tuple(args.smoke_args), skip_evidence=args.skip_evidence,
+                     proof_settings=proof_settings(args.smoke_args), skip_evidence=args.skip_evidence,
                      stacks=tuple(args.stacks), upstream_checks=not args.skip_upstream_checks,
                      harness_diff=not args.skip_harness_diff, upstream_bench=not args.skip_upstream_bench)
     result = make_pr(opts)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.errors import PortError
+from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.source.obtain import SOURCES
 from llamacpp_mla_port.stages import write_json
 from llamacpp_mla_port.upstreaming.rebase import RebaseOptions, format_text, rebase
@@ -71,21 +72,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "whose printed figures the proof's are compared with")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, places: Places) -> int:
     if args.onto == "newest" and (args.canary or args.prove):
         from llamacpp_mla_port.source.newer import nothing_newer
         from llamacpp_mla_port.source.pin import load_pin
 
-        line = nothing_newer(load_pin().tag)      # the pin and table of --templates-dir (project.Places)
+        line = nothing_newer(load_pin(places.pin_file).tag, places.templates_dir)
         if line:
             print(line)
             return 0
     if args.prove:
-        return _run_full_canary(args)
-    opts = RebaseOptions(onto=args.onto, git_url=args.git_url, force=args.force,
-                         canary=args.canary, tag=args.tag, templates_dir=args.templates_dir,
-                         patches_dir=args.patches_dir, work_dir=args.work_dir,
-                         source=args.source, sdist_file=args.sdist_file)
+        return _run_full_canary(args, places)
+    opts = RebaseOptions(onto=args.onto, places=places, git_url=args.git_url, force=args.force,
+                         canary=args.canary, tag=args.tag, source=args.source, sdist_file=args.sdist_file)
     as_json = args.json or args.canary
     log = (lambda *a: print(*a, file=sys.stderr)) if as_json else print
     try:
@@ -103,11 +102,10 @@ def run(args: argparse.Namespace) -> int:
     return 0 if o.ok else 1
 
 
-def _run_full_canary(args: argparse.Namespace) -> int:
+def _run_full_canary(args: argparse.Namespace, places: Places) -> int:
     from llamacpp_mla_port.upstreaming.canary import REPORT_NAME, CanaryOptions, run_canary, stage_line
-    opts = CanaryOptions(onto=args.onto, git_url=args.git_url, tag=args.tag,
-                         templates_dir=args.templates_dir, patches_dir=args.patches_dir,
-                         canary_dir=args.canary_dir, cmake_args=tuple(args.cmake_arg),
+    opts = CanaryOptions(onto=args.onto, places=places, git_url=args.git_url, tag=args.tag,
+                         cmake_args=tuple(args.cmake_arg),
                          jobs=args.jobs, quick=args.quick, server=not args.no_server,
                          threads=args.threads, baseline=args.baseline,
                          build_stacks=args.build_stacks, prove=not args.no_proof)

@@ -23,8 +23,8 @@ def configure(parser) -> None:
     parser.add_argument("--threads", type=int, default=2)
 
 
-def run(args) -> int:
-    report = run_smoke(args.tree, args.build_dir, args.scratch_dir, no_build=args.no_build, server=not args.no_server,
+def run(args, places) -> int:
+    report = run_smoke(places.build, args.scratch_dir, no_build=args.no_build, server=not args.no_server,
                        quick=args.quick, threads=args.threads)
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
     return 0 if report["ok"] else 1

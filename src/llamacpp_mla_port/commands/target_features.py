@@ -16,7 +16,6 @@ from pathlib import Path
 from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.proof.run.programs import compile_program
 from llamacpp_mla_port.proof.run.target_features import dump_target_features
-from llamacpp_mla_port.series.worktree import locate_build
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_tree_args(parser)
 
 
-def run(args) -> int:
-    tree, build = locate_build(args.tree, args.build_dir)
+def run(args, places) -> int:
+    tree, build = places.build.require_tree().tree, places.build.dir
     binary = compile_program("target-features", tree, build)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     got = dump_target_features(binary, args.target, [int(t) for t in args.tokens.split(",")], args.out,

@@ -46,19 +46,17 @@ def settings_of(args):
                     jobs=args.jobs)
 
 
-def run(args) -> int:
-    from llamacpp_mla_port import project
+def run(args, places) -> int:
     from llamacpp_mla_port.series import stacks
     from llamacpp_mla_port.series.spec import load_series
     from llamacpp_mla_port.source import obtain
     from llamacpp_mla_port.upstreaming import upstream_bench
 
-    opts = options(args)
+    opts = options(args, places)
     pin = opts.pin()
     settings = settings_of(args)
     base = obtain.obtain(pin, opts.source, opts.git_url, opts.sdist_file)
     repo = obtain.cache_repo()
-    places = project.places()
     series = load_series(places.templates_dir)
     chosen = [series.stack(n) for n in args.stack] or [st for st in series.stacks if st.bench]
     missing = [st.name for st in chosen if st.bench is None]

@@ -66,7 +66,10 @@ CUDA_CMAKE_ARGS = ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=native")
 COMMON_CMAKE_ARGS = ("-DLLAMA_USE_PREBUILT_UI=OFF",)
 GPU_DEVICE = "CUDA0"
 PLACEMENT_ARGS = ("-ngl", "99", "-ngld", "99")
-STAGES = ("build", "fallback", "archs", "parity", "lossless", "realsize")
+#: the check's stages in the order it runs them (device/check.Check.run iterates this)
+STAGES = ("build", "fallback", "archs", "parity", "realsize", "lossless")
+#: about how long each stage after the build needs: one with less of the budget left is skipped
+STAGE_NEEDS_S = {"fallback": 20, "archs": 20, "parity": 60, "realsize": 90, "lossless": 60}
 
 # ---------------------------------------------------------------------------------------
 # the pruned tree

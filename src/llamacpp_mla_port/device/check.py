@@ -15,11 +15,11 @@ import statistics
 import sys
 import tarfile
 import time
-import traceback
 from pathlib import Path
 
 from llamacpp_mla_port.device.bundle import (CHECK_TARGETS, COMMON_CMAKE_ARGS, CUDA_CMAKE_ARGS, DEVICE_CALL,
-                                             DFLASH_SOURCE, GPU_DEVICE, PLACEMENT_ARGS, STAGES)
+                                             DFLASH_SOURCE, GPU_DEVICE, PLACEMENT_ARGS, STAGE_NEEDS_S,
+                                             STAGES)
 from llamacpp_mla_port.device.judge import judge_parity
 from llamacpp_mla_port.device.report import format_report
 from llamacpp_mla_port.device.toolkit import cuda_toolkit_args
@@ -28,7 +28,7 @@ from llamacpp_mla_port.gguf.contract import K3_BLOCK, K3_DSPARK_REAL_CONFIG
 from llamacpp_mla_port.process import run
 from llamacpp_mla_port.project import build_in, tree_in
 from llamacpp_mla_port.proof.run.processes import Owned
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.stages import StageFailed, Stages, write_json
 
 #: the real config's DeepSeek-YaRN factor
 REAL_YARN_FACTOR = K3_DSPARK_REAL_CONFIG["rope_parameters"]["factor"]
@@ -145,12 +145,13 @@ class Check:
                              "budget_s": budget_s, "threads": self.threads, "stages": {}, "figures_from_gpu": self.cuda}
         self._log = log or (lambda m: (sys.stderr.write(m + "\n"), sys.stderr.flush()))
         self.models_proc: Owned | None = None
+        self.runner = Stages(self.report["stages"], log=self._stage_ended, budget_s=budget_s)
 
     def log(self, msg: str) -> None:
         self._log(f"device-check [{time.monotonic() - self.t0:6.1f} s] {msg}")
 
     def remaining(self) -> float:
-        return float("inf") if self.budget_s is None else self.budget_s - (time.monotonic() - self.t0)
+        return self.runner.remaining()
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -161,29 +162,25 @@ class Check:
         (self.out / "report.md").write_text(format_report(self.report))
 
     def stage(self, name: str, fn, needs_s: float = 0.0) -> None:
+        """One stage of `self.stages` through the one stage runner, inside the time budget; a
+        stage that returns False failed its checks (its figures are in the report)."""
         if name not in self.stages:
             return
-        if self.remaining() < needs_s:
-            self.report["stages"][name] = {"ok": False, "skipped": f"not run: {self.remaining():.0f} s of the "
-                                                                   f"budget left, the stage needs ~{needs_s:.0f} s"}
-            self.log(f"stage {name}: skipped (time)")
-            self.save()
-            return
-        t = time.monotonic()
         self.log(f"stage {name} ...")
-        try:
-            ok = fn()
-            self.report["stages"][name] = {"ok": bool(ok), "seconds": round(time.monotonic() - t, 1)}
-        except PortError as err:
-            self.report["stages"][name] = {"ok": False, "error": str(err), "seconds": round(time.monotonic() - t, 1)}
-        except Exception as err:   # a bug: keep the traceback in the report
-            self.report["stages"][name] = {"ok": False, "error": f"{type(err).__name__}: {err}",
-                                           "traceback": traceback.format_exc()[-3000:],
-                                           "seconds": round(time.monotonic() - t, 1)}
-        st = self.report["stages"][name]
-        self.log(f"stage {name}: {'ok' if st['ok'] else 'FAILED ' + st.get('error', '(see report)')[:300]} "
-                 f"({st['seconds']} s)")
+
+        def checked() -> None:
+            if not fn():
+                raise StageFailed({"message": f"the {name} stage's checks failed (its figures are in the report)"})
+
+        self.runner.run(name, checked, needs_s=needs_s)
         self.save()
+
+    def _stage_ended(self, name: str, st: dict) -> None:
+        if st.get("skipped"):
+            self.log(f"stage {name}: skipped (time)")
+        else:
+            self.log(f"stage {name}: {'ok' if st['ok'] else 'FAILED ' + st.get('error', '(see report)')[:300]} "
+                     f"({st['seconds']} s)")
 
     # ------------------------------------------------------------------ setup
     def environment(self) -> None:
@@ -455,14 +452,10 @@ class Check:
             self.unpack()
             self.start_models()
             self.save()
-            self.stage("build", self.do_build)
-            built = self.report["stages"].get("build", {}).get("ok", "build" not in self.stages)
-            if built:
-                self.stage("fallback", self.do_fallback, needs_s=20)
-                self.stage("archs", self.do_archs, needs_s=20)
-                self.stage("parity", self.do_parity, needs_s=60)
-                self.stage("realsize", self.do_realsize, needs_s=90)
-                self.stage("lossless", self.do_lossless, needs_s=60)
+            for name in STAGES:
+                if name != "build" and not self.report["stages"].get("build", {}).get("ok", "build" not in self.stages):
+                    break                   # nothing runs without the build
+                self.stage(name, getattr(self, "do_" + name), needs_s=STAGE_NEEDS_S.get(name, 0.0))
         except PortError as err:
             self.report["stages"]["setup"] = {"ok": False, "error": str(err)}
         finally:

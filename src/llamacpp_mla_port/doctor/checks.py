@@ -22,7 +22,7 @@ from gguf.constants import GGUFValueType
 
 from llamacpp_mla_port.doctor.findings import (
     ARCH, ERROR, K3_BLOCK, K3_N_EMBD, K3_VOCAB, OK, SEVERITY, WARNING, Context,
-    Finding, _int, _num, _shape, key)
+    TOK, Finding, _int, _num, _shape, key)
 from llamacpp_mla_port.doctor.layout import detect, expected_tensors, optional_shapes
 from llamacpp_mla_port.doctor.loader_rules import loader, loader_required_keys, loader_tensors
 from llamacpp_mla_port.doctor.pairing import check_target, check_target_layers
@@ -249,7 +249,7 @@ def check_mask_token(ctx: Context) -> Iterable[Finding]:
     if ctx.layout == "not-a-draft":
         return
     d = ctx.draft
-    kv = d.kvs.get("tokenizer.ggml.mask_token_id")
+    kv = d.kvs.get(TOK.MASK_ID)
     n_vocab = ctx.hp["n_vocab"]
     fix = f"{ctx.fix_hint} --from-config config.json (reads mask_token_id)"
     if kv is None:
@@ -265,7 +265,7 @@ def check_mask_token(ctx: Context) -> Iterable[Finding]:
         yield Finding("mask_token", ERROR, f"mask token {kv.value} is outside the vocabulary",
                       f"vocab size {n_vocab} ({ctx.hp['n_vocab_source']})", fix)
         return
-    tokens = d.kvs.get("tokenizer.ggml.tokens")
+    tokens = d.kvs.get(TOK.LIST)
     text = f" = {tokens.value[kv.value]!r}" if tokens is not None and tokens.item_type == GGUFValueType.STRING else ""
     yield Finding("mask_token", OK, f"mask token {kv.value}{text}",
                   f"inside the vocabulary of {n_vocab} ({ctx.hp['n_vocab_source']})")
@@ -386,8 +386,8 @@ def check_tokenizer(ctx: Context) -> Iterable[Finding]:
     if ctx.layout == "not-a-draft":
         return
     d = ctx.draft
-    model = d.get("tokenizer.ggml.model")
-    tokens = d.kvs.get("tokenizer.ggml.tokens")
+    model = d.get(TOK.MODEL)
+    tokens = d.kvs.get(TOK.LIST)
     if tokens is not None and tokens.item_type != GGUFValueType.STRING:
         yield Finding("tokenizer", ERROR, f"tokenizer.ggml.tokens has the wrong type ({tokens.type_name})",
                       "llama.cpp reads an array of strings", "reconvert with the target's tokenizer")
@@ -400,14 +400,14 @@ def check_tokenizer(ctx: Context) -> Iterable[Finding]:
         return
     vocab = loader()["vocab"]
     spec = vocab["models"].get(model) if isinstance(model, str) else None
-    pre = d.get("tokenizer.ggml.pre")
+    pre = d.get(TOK.PRE)
     pre = pre if isinstance(pre, str) else None
     problems = []
     if spec is None:
         problems.append(f"tokenizer.ggml.model {model!r} is not one llama.cpp knows "
                         f"({', '.join(sorted(vocab['models']))}): \"unknown tokenizer\"")
     else:
-        if spec["needs_merges"] and "tokenizer.ggml.merges" not in d.kvs and pre not in spec["merges_exempt_pre"]:
+        if spec["needs_merges"] and TOK.MERGES not in d.kvs and pre not in spec["merges_exempt_pre"]:
             exempt = f" (only pre {spec['merges_exempt_pre']} goes without)" if spec["merges_exempt_pre"] else ""
             problems.append(f"a {model!r} tokenizer needs tokenizer.ggml.merges{exempt}"
                             + ": \"cannot find tokenizer merges in model file\"")

@@ -34,7 +34,7 @@ from typing import Any
 from gguf.constants import GGUFValueType
 
 from llamacpp_mla_port.doctor.checks import exit_code, run_checks
-from llamacpp_mla_port.doctor.findings import Finding, key
+from llamacpp_mla_port.doctor.findings import TOK, Finding, key
 from llamacpp_mla_port.errors import GGUFError, PortError
 from llamacpp_mla_port.gguf.header import GGUFHeader, read_header, rewrite_metadata
 
@@ -130,7 +130,7 @@ def plan_changes(draft: GGUFHeader, target_layers: str | None = None, config: Pa
     if mask is not None:
         if not isinstance(mask, int) or not 0 <= mask < 1 << 32:
             raise PortError(f"mask_token_id {mask!r} is not a token id", "check the config.json")
-        changes["tokenizer.ggml.mask_token_id"] = (GGUFValueType.UINT32, mask, None)
+        changes[TOK.MASK_ID] = (GGUFValueType.UINT32, mask, None)
     if not changes:
         raise PortError("--fix-metadata: nothing to change",
                         "say what to fix: --target-layers IDS, --from-config config.json or --block-size N")

@@ -6,12 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gguf.constants import GGUFValueType
+from gguf.constants import GGUFValueType, Keys
 
 # the naming contract and the Kimi-K3 dimensions (re-exported for the checks): gguf/contract.py
 from llamacpp_mla_port.gguf.contract import (ARCH, K3_BLOCK, K3_N_EMBD, K3_TARGET_LAYERS,  # noqa: F401
                                              K3_VOCAB, KNOWN_TAPS, key)
 from llamacpp_mla_port.gguf.header import GGUFHeader
+
+TOK = Keys.Tokenizer            # the tokenizer keys, as gguf-py names them
 
 
 OK, WARNING, ERROR = "ok", "warning", "error"
@@ -56,7 +58,7 @@ def _shape(h: GGUFHeader, name: str) -> tuple[int, ...] | None:
 
 
 def _vocab_size(h: GGUFHeader, arch: str | None) -> tuple[int | None, str]:
-    kv = h.kvs.get("tokenizer.ggml.tokens")
+    kv = h.kvs.get(TOK.LIST)
     if kv is not None and kv.item_type == GGUFValueType.STRING:
         return len(kv.value), "len(tokenizer.ggml.tokens)"
     if arch and (v := _int(h, f"{arch}.vocab_size")) is not None:

@@ -9,7 +9,7 @@ import numpy as np
 
 from llamacpp_mla_port.doctor.findings import (
     ARCH, ERROR, K3_N_EMBD, K3_TARGET_LAYERS, KNOWN_TAPS, OK, WARNING, Context,
-    Finding, _int, _vocab_size, key)
+    TOK, Finding, _int, _vocab_size, key)
 from llamacpp_mla_port.gguf.header import tensor_rows
 
 
@@ -125,17 +125,16 @@ def check_target(ctx: Context) -> Iterable[Finding]:
     else:
         yield Finding("target_vocab", OK, f"vocabulary {t_vocab} on both sides", f"{t_src}")
     diffs = []
-    for k in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
-              "tokenizer.ggml.eos_token_id"):
+    for k in (TOK.MODEL, TOK.PRE, TOK.BOS_ID, TOK.EOS_ID):
         if d.get(k) != t.get(k):
             diffs.append(f"{k}: draft {d.get(k)!r}, target {t.get(k)!r}")
     minor = []
-    for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
+    for k in (TOK.LIST, TOK.MERGES, TOK.TOKEN_TYPE):
         if d.value_sha256(k) != t.value_sha256(k):
             text = f"{k} differs (sha256 {str(d.value_sha256(k))[:12]} vs {str(t.value_sha256(k))[:12]})"
             # llama.cpp's draft/target compatibility compares vocab type, bos/eos and token
             # texts; merges and token types only matter if the draft's tokenizer is used
-            (diffs if k == "tokenizer.ggml.tokens" else minor).append(text)
+            (diffs if k == TOK.LIST else minor).append(text)
     if not diffs and minor:
         yield Finding("target_tokenizer", WARNING, "tokenizers agree on tokens, differ in detail",
                       "; ".join(minor) + "; the draft's own tokenizer is not used to tokenize "

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
 
 from llamacpp_mla_port.errors import GGUFError
 
@@ -146,7 +146,7 @@ class GGUFHeader:
 
     @property
     def arch(self) -> str | None:
-        kv = self.kvs.get("general.architecture")
+        kv = self.kvs.get(Keys.General.ARCHITECTURE)
         return kv.value if kv is not None and kv.type == GGUFValueType.STRING else None
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -348,8 +348,8 @@ def _parse(cur: _Cursor) -> GGUFHeader:
     kv_end = cur.pos
 
     alignment = DEFAULT_ALIGNMENT
-    if "general.alignment" in kvs:
-        kv = kvs["general.alignment"]
+    if Keys.General.ALIGNMENT in kvs:
+        kv = kvs[Keys.General.ALIGNMENT]
         if kv.type != GGUFValueType.UINT32:
             raise cur.fail(f"general.alignment is {kv.type_name}, must be uint32",
                            "ggml's loader rejects this file; rewrite the metadata")

@@ -21,9 +21,9 @@
   own for a child bigger than this tool (the converter, the real-size runs), and for a smaller
   one an upper bound, this process's peak resident size.
 
-Outside this module only two kinds of process are started: the streaming build (build.py,
-which shows the build's output line by line as it comes) and the long-lived processes the
-proof starts, waits on and stops (proof/run/processes.Owned: servers, rpc-servers).
+`spawn` starts a long-lived process in its own session for an owner that waits on it and stops
+it (proof/run/processes.Owned: servers, rpc-servers). Outside this module only the streaming
+build (build.py, which shows the build's output line by line as it comes) starts a process.
 """
 
 from __future__ import annotations
@@ -57,6 +57,17 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+#: what a spawned process's owner waits on and catches
+Popen, TimeoutExpired = subprocess.Popen, subprocess.TimeoutExpired
+
+
+def spawn(argv: Sequence, log, env: dict | None = None) -> subprocess.Popen:
+    """A long-lived process in its own session (process group), stdout and stderr into the open
+    file `log`, stdin /dev/null; the caller stops it (kill_group). OSError when it cannot start."""
+    return subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
 
 def _argv(cmd: str | Sequence, shell: bool) -> list[str]:

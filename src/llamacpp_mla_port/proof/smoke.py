@@ -15,6 +15,8 @@ The tree and build default to the tool's work tree; MLA_PORT_TREE / MLA_PORT_BUI
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import sys
 import tempfile
 import time
@@ -22,7 +24,8 @@ from pathlib import Path
 
 from llamacpp_mla_port.build import TARGET_SETS
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.stages import Stages
+from llamacpp_mla_port.project import Build
+from llamacpp_mla_port.stages import Stages, write_json
 
 SMOKE_TARGETS = TARGET_SETS["smoke"]       # build.TARGET_SETS: the one table
 
@@ -87,16 +90,17 @@ def _parity_summary(entry: dict) -> dict:
             "draft_kv_bytes_per_token_f16": entry["modes"]["f16-cache"]["cases"][0]["kv_bytes_per_token"]}
 
 
-def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | None = None,
-              no_build: bool = False, server: bool = True, quick: bool = False, threads: int = 2) -> dict:
-    """Every stage; the report's "ok" says whether all passed (see the module doc)."""
+def run_smoke(where: Build, work: Path | None = None, no_build: bool = False, server: bool = True,
+              quick: bool = False, threads: int = 2) -> dict:
+    """Every stage on the patched tree and build `where` (project.Places.build); the report's
+    "ok" says whether all passed (see the module doc)."""
     from llamacpp_mla_port import build as build_mod
-    from llamacpp_mla_port.series.worktree import locate_build
 
     started = time.monotonic()
     report: dict = {"stages": {}}
     stages = Stages(report["stages"], log=_logged)
-    tree, build = locate_build(tree, build)
+    where.require_tree()
+    tree, build = where.tree, where.dir
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="mla-port-smoke-"))
     work.mkdir(parents=True, exist_ok=True)
     report["tree"], report["build"], report["work"] = str(tree), str(build), str(work)
@@ -143,3 +147,100 @@ def run_smoke(tree: Path | None = None, build: Path | None = None, work: Path | 
     report["ok"] = stages.ok
     report["seconds"] = round(time.monotonic() - started, 1)
     return report
+
+
+# ------------------------------------------------------------------ the proof as a stage of a kit
+#: the report's name in the folder of prove_into
+REPORT_NAME = "smoke.json"
+
+
+def prove_into(folder: Path, where: Build, build: bool = True, server: bool = True, quick: bool = False,
+               threads: int = 2) -> dict:
+    """The proof as `make pr` and the canary run it: fixtures and runs in `folder` (emptied
+    first), the progress lines in folder/proof.log, the report in folder/smoke.json (and
+    returned). `build`: build the proof's targets first (the canary has built them)."""
+    folder = Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    with open(folder / "proof.log", "w") as progress, contextlib.redirect_stderr(progress):
+        report = run_smoke(where, folder, no_build=not build, server=server, quick=quick, threads=threads)
+    write_json(folder / REPORT_NAME, report, indent=2)
+    return report
+
+
+# ------------------------------------------------------------------ reading a report
+def proof_summary(smoke: dict) -> dict:
+    """The figures a reviewer asks for, pulled out of the proof's report."""
+    out: dict = {"ok": smoke.get("ok"), "stages": {k: v.get("ok") for k, v in
+                                                   smoke.get("stages", {}).items()}}
+    parity = smoke.get("parity") or {}
+    out["parity_worst_nmse"] = {cfg: {m: e.get("worst_nmse") for m, e in v.get("modes", {}).items()}
+                                for cfg, v in parity.items()}
+    out["parity_headroom"] = {m: e.get("headroom") for m, e in
+                              (smoke.get("parity_modes") or {}).get("modes", {}).items()}
+    out["kv_bytes_per_token"] = {cfg: {k: v[k] for k in v if k.startswith("draft_kv_bytes")}
+                                 for cfg, v in parity.items()}
+    lossless = smoke.get("lossless") or {}
+    if lossless:
+        out["lossless"] = {k: lossless[k] for k in lossless
+                           if k.startswith("n_") or k in ("runs", "mismatches")}
+    if "target_side" in smoke:
+        out["target_side"] = smoke["target_side"]
+    return out
+
+
+def lossless_counts(lossless: dict) -> dict:
+    runs = lossless.get("speculative_simple", []) + lossless.get("server", [])
+    return {"runs": len(runs), "identical": sum(1 for r in runs if r["identical"] == r["of"]),
+            "mismatches": lossless.get("n_mismatches")}
+
+
+def _printed(smoke: dict) -> dict[str, str]:
+    """The figures of a smoke report as printed (3 significant digits), by name."""
+    out = {}
+    for cfg, entry in (smoke.get("parity") or {}).items():
+        for mode, m in entry["modes"].items():
+            out[f"parity {cfg} {mode} worst NMSE"] = f"{m['worst_nmse']:.3g}"
+        for key in ("draft_kv_bytes_per_token_f32", "draft_kv_bytes_per_token_f16"):
+            if key in entry:
+                out[f"{cfg} {key}"] = str(entry[key])
+    for run in (smoke.get("lossless") or {}).get("speculative_simple", []) + \
+            (smoke.get("lossless") or {}).get("server", []):
+        name = (f"lossless {'server' if 'parallel' in run else 'simple'} {run['draft']} k={run['draft_max']} "
+                f"fa={run['flash_attn']} p_min={run['p_min']}")
+        out[name] = f"{run['identical']}/{run['of']} identical, drafted {run['drafted']}, accepted {run['accepted']}"
+    for name, v in (smoke.get("target_side") or {}).items():
+        out[f"target {name} worst NMSE vs prefix stream"] = f"{v['worst_nmse_vs_prefix_stream']:.3g}"
+    return out
+
+
+def compare_figures(baseline: dict, smoke: dict) -> dict:
+    """Which printed figures of `smoke` differ from `baseline` (e.g. the pin's own proof)."""
+    old, new = _printed(baseline), _printed(smoke)
+    diff = [{"figure": k, "baseline": old.get(k), "canary": new.get(k)}
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return {"equal": not diff, "compared": len(set(old) & set(new)), "differences": diff}
+
+
+def failing_checks(smoke: dict) -> list[dict]:
+    """The checks a smoke report failed, most specific first: a parity case over its
+    threshold (config, mode, NMSE, threshold), the lossless mismatches, then the stages."""
+    checks = []
+    for cfg, entry in (smoke.get("parity") or {}).items():
+        for mode, m in entry["modes"].items():
+            if not m["pass"]:
+                checks.append({"check": "parity", "config": cfg, "mode": mode,
+                               "worst_nmse": m["worst_nmse"], "threshold": m["threshold"],
+                               "chains_equal": m["chains_equal"],
+                               "message": f"parity {cfg} {mode}: NMSE {m['worst_nmse']:.3g} over "
+                                          f"the threshold {m['threshold']:.0e}"})
+    lossless = smoke.get("lossless") or {}
+    if lossless.get("n_mismatches"):
+        checks.append({"check": "lossless", "mismatches": lossless.get("mismatches", [])[:5],
+                       "message": f"lossless: {lossless['n_mismatches']} outputs differ from the "
+                                  f"target alone, first: {lossless.get('mismatches', ['?'])[0]}"})
+    for name, stage in smoke.get("stages", {}).items():
+        if not stage.get("ok"):
+            checks.append({"check": name, "error": stage.get("error", ""),
+                           "message": f"{name}: {stage.get('error', 'failed')}"})
+    return checks or [{"check": "smoke", "message": "the proof failed without naming a check"}]

@@ -6,13 +6,15 @@ Each step is its own module; this one only strings them together for the verbs
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
-from llamacpp_mla_port import gitutil, project
+from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.render import RenderedCommit, render_series
 from llamacpp_mla_port.series.spec import Series, load_series
@@ -23,26 +25,36 @@ from llamacpp_mla_port.source.pin import Pin, load_pin
 
 @dataclass
 class Options:
-    work_dir: Path | None = None
-    patches_dir: Path | None = None      # None: the current checkout's (project.current())
-    templates_dir: Path | None = None
+    places: Places                      # templates/, patches/ and the work dir (project.Places)
     source: str = "auto"
     git_url: str | None = None
     sdist_file: Path | None = None
     commit: str | None = None
 
-    def __post_init__(self) -> None:
-        places = project.places(templates_dir=self.templates_dir, patches_dir=self.patches_dir)
-        self.templates_dir, self.patches_dir = places.templates_dir, places.patches_dir
+    @property
+    def templates_dir(self) -> Path:
+        return self.places.templates_dir
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.places.patches_dir
+
+    @property
+    def work_dir(self) -> Path:
+        return self.places.work_dir
+
+    def with_flags(self, **flags) -> "Options":
+        """These options with the given place flags on top of their places."""
+        return dataclasses.replace(self, places=self.places.with_flags(**flags))
 
     def pin(self) -> Pin:
-        pin = load_pin(self.templates_dir / "pin.toml")
+        pin = load_pin(self.places.pin_file)
         if self.commit:
             pin = pin.with_commit(self.commit)
         return pin
 
     def workspace(self) -> Workspace:
-        return Workspace(project.places(work_dir=self.work_dir).work_dir)
+        return Workspace(self.places.work_dir)
 
 
 @dataclass

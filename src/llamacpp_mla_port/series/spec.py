@@ -199,10 +199,8 @@ def _change(raw: dict, folder: Path, root: Path, origin: str) -> Change:
                   origin=origin, with_commit=raw.get("with_commit"), without_commit=raw.get("without_commit"))
 
 
-def load_series(root: Path | None = None) -> Series:
-    if root is None:
-        from llamacpp_mla_port import project
-        root = project.places().templates_dir
+def load_series(root: Path) -> Series:
+    """The port description of the templates dir `root` (project.Places.templates_dir)."""
     port = _load_toml(root / "port.toml")
     meta = port.get("series", {})
     for key in ("author_name", "author_email", "date", "branch"):

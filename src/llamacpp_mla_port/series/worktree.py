@@ -28,18 +28,6 @@ STATE_FILE = "llamacpp-mla-port.json"
 BASE_BRANCH = "mla-port-base"
 
 
-def locate_build(tree: str | Path | None = None, build: str | Path | None = None) -> tuple[Path, Path]:
-    """The patched llama.cpp tree and its build dir the proof runs on (project.Places.tree /
-    build_dir: these paths, else the run's flags, else $MLA_PORT_TREE / $MLA_PORT_BUILD, else
-    the work tree); refused when the tree is not there."""
-    places = project.places(tree=tree, build_dir=build)
-    tree, build = places.tree, places.build_dir
-    if not (tree / "include" / "llama.h").is_file():
-        raise WorkTreeError(f"no patched llama.cpp tree at {tree}",
-                            "run `make patch` and `make build` first, or pass --tree/--build-dir")
-    return tree, build
-
-
 @dataclass
 class Workspace:
     work_dir: Path

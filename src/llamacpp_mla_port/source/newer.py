@@ -16,7 +16,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamacpp_mla_port import project
 from llamacpp_mla_port.errors import PinError
 from llamacpp_mla_port.source.pin import Sdist
 
@@ -41,11 +40,11 @@ class NewerTree:
         return f"{self.sdist.package}=={self.sdist.version}"
 
 
-def _path(templates_dir: Path | None) -> Path:
-    return (templates_dir or project.places().templates_dir) / FILE
+def _path(templates_dir: Path) -> Path:
+    return Path(templates_dir) / FILE
 
 
-def load(templates_dir: Path | None = None) -> tuple[dict[str, dict], list[NewerTree]]:
+def load(templates_dir: Path) -> tuple[dict[str, dict], list[NewerTree]]:
     """(package rules, rows) of templates/upstreams.toml; an absent file has neither."""
     path = _path(templates_dir)
     if not path.is_file():
@@ -95,7 +94,7 @@ def _build_words(sd: Sdist) -> str:
     return f"{sd.filename}: PKG-INFO Version {sd.version} (the package ships tag bN as N.0.0)"
 
 
-def newest(templates_dir: Path | None = None) -> NewerTree:
+def newest(templates_dir: Path) -> NewerTree:
     _, rows = load(templates_dir)
     if not rows:
         raise PinError(f"{_path(templates_dir)} lists no newer upstream tree",
@@ -103,7 +102,7 @@ def newest(templates_dir: Path | None = None) -> NewerTree:
     return max(rows, key=lambda r: r.build or -1)
 
 
-def nothing_newer(pin_tag: str, templates_dir: Path | None = None) -> str | None:
+def nothing_newer(pin_tag: str, templates_dir: Path) -> str | None:
     """The one line `--onto newest` gives when upstreams.toml knows no tree newer than the pin
     (tag bN); None when it knows one, or the pin's build number is not in its tag."""
     m = _TAG.match(pin_tag)
@@ -114,7 +113,7 @@ def nothing_newer(pin_tag: str, templates_dir: Path | None = None) -> str | None
             f"row to templates/{FILE}, or pass --onto NAME==VERSION, a commit or a folder")
 
 
-def resolve(onto: str, templates_dir: Path | None = None) -> NewerTree | None:
+def resolve(onto: str, templates_dir: Path) -> NewerTree | None:
     """The tree `onto` names (see the module doc), or None when it names no sdist tree."""
     rules, rows = load(templates_dir)
     if onto == "newest":

@@ -59,7 +59,7 @@ class Base:
 
 
 def cache_repo() -> git.Repo:
-    path = project.places().base_cache
+    path = project.base_cache()
     if not (path / "HEAD").exists():
         path.mkdir(parents=True, exist_ok=True)
         gitutil.run(path, "init", "--bare", "-q", ".")
@@ -164,7 +164,7 @@ def fetch_sdist(sd: Sdist, sdist_file: Path | None = None, log=print) -> Path:
             raise ObtainError(f"--sdist-file {path} does not exist", "pass the downloaded tarball")
         _verify_sha(path, sd.sha256, remove=False)
         return path
-    dest = project.places().sdist_cache
+    dest = project.sdist_cache()
     path = dest / sd.filename
     if path.is_file():
         _verify_sha(path, sd.sha256, remove=True)

@@ -73,11 +73,8 @@ def _need(table: dict, key: str, where: str, path: Path):
     return table[key]
 
 
-def load_pin(path: Path | None = None) -> Pin:
-    """The pin of `path`, by default the current checkout's templates/pin.toml."""
-    if path is None:
-        from llamacpp_mla_port import project
-        path = project.places().pin_file
+def load_pin(path: Path) -> Pin:
+    """The pin of `path` (a checkout's templates/pin.toml: project.Places.pin_file)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

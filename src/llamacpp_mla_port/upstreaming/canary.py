@@ -22,23 +22,22 @@ Every stage records its time. A rerun reuses the canary dir (incremental build).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
 
-from llamacpp_mla_port import build as build_mod, gitutil, project
+from llamacpp_mla_port import build as build_mod, gitutil
+from llamacpp_mla_port.project import Build, Places
 from llamacpp_mla_port.errors import PatchApplyError, PortError, SeriesError
 from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.series.worktree import Workspace, apply_series
 from llamacpp_mla_port.source.obtain import cache_repo
-from llamacpp_mla_port.stages import StageFailed, Stages, write_json
+from llamacpp_mla_port.stages import StageFailed, Stages
 from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.upstreaming.rebase import MERGED, RebaseOptions, rebase
 from llamacpp_mla_port.upstreaming.targets import Target
@@ -51,11 +50,9 @@ REPORT_NAME = "canary.json"
 @dataclass
 class CanaryOptions:
     onto: str
+    places: Places                  # templates/, patches/ and the canary dir (project.Places)
     git_url: str | None = None
     tag: str | None = None
-    templates_dir: Path | None = None
-    patches_dir: Path | None = None
-    canary_dir: Path | None = None
     cmake_args: tuple[str, ...] = ()
     jobs: int | None = None
     # the configuration of the tests' build (RPC backend on): the canary's compiles then hit
@@ -68,11 +65,18 @@ class CanaryOptions:
     threads: int = 2
     baseline: Path | None = None    # a smoke report (e.g. of the pin) to compare the figures with
 
-    def __post_init__(self) -> None:
-        places = project.places(templates_dir=self.templates_dir, patches_dir=self.patches_dir)
-        self.templates_dir, self.patches_dir = places.templates_dir, places.patches_dir
+    @property
+    def templates_dir(self) -> Path:
+        return self.places.templates_dir
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.places.patches_dir
+
+    @property
+    def canary_dir(self) -> Path:
         # absolute: git runs inside the canary tree, where a relative path names something else
-        self.canary_dir = project.places(canary_dir=self.canary_dir).canary_dir.absolute()
+        return self.places.canary_dir.absolute()
 
 
 _Failed = StageFailed
@@ -87,7 +91,7 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
                     "canary_dir": str(opts.canary_dir), "tree": str(ws.tree),
                     "build_dir": str(ws.build_dir), "stages": {}, "failure": None}
     state: dict = {}
-    pin = load_pin(opts.templates_dir / "pin.toml")
+    pin = load_pin(opts.places.pin_file)
     report["old"] = {"commit": pin.commit, "tag": pin.tag}
     steps = [("obtain", lambda: _obtain(opts, pin, state, log)),
              ("anchor", lambda: _anchor(opts, state, log)),
@@ -127,9 +131,9 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
 
 # ------------------------------------------------------------------------------ stages
 def _obtain(opts: CanaryOptions, pin, state: dict, log) -> dict:
-    ropts = RebaseOptions(onto=opts.onto, git_url=opts.git_url, canary=True, tag=opts.tag,
-                          templates_dir=opts.templates_dir, patches_dir=opts.patches_dir,
-                          work_dir=opts.canary_dir, patches_out=opts.canary_dir / "patches")
+    ropts = RebaseOptions(onto=opts.onto, places=opts.places.with_flags(work_dir=opts.canary_dir),
+                          git_url=opts.git_url, canary=True, tag=opts.tag,
+                          patches_out=opts.canary_dir / "patches")
     target: Target = ropts.target(pin, log)
     state.update(target=target, ropts=ropts)
     state["onto"] = {"commit": target.commit, "tag": target.tag, "url": target.url,
@@ -242,77 +246,22 @@ def _build_stacks(opts: CanaryOptions, state: dict, log) -> dict:
 
 
 def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:
-    from llamacpp_mla_port.proof.smoke import run_smoke
-    from llamacpp_mla_port.upstreaming.pr import proof_summary
+    from llamacpp_mla_port.proof.smoke import (REPORT_NAME as SMOKE_REPORT, compare_figures, failing_checks,
+                                               lossless_counts, proof_summary, prove_into)
     work = opts.canary_dir / "proof"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
     # the proof's progress lines go to its log: the terminal gets one line per stage
-    with open(work / "proof.log", "w") as progress, contextlib.redirect_stderr(progress):
-        report = run_smoke(ws.tree, ws.build_dir, work, no_build=True, server=opts.server,
-                           quick=opts.quick, threads=opts.threads)
-    write_json(work / "smoke.json", report, indent=2)
+    report = prove_into(work, Build(ws.tree, ws.build_dir), build=False, server=opts.server,
+                        quick=opts.quick, threads=opts.threads)
     figures = proof_summary(report)
-    figures["lossless_runs"] = _lossless_counts(report.get("lossless") or {})
+    figures["lossless_runs"] = lossless_counts(report.get("lossless") or {})
     figures["target_side"] = report.get("target_side")
-    where = {"figures": figures, "work": str(work), "smoke_report": str(work / "smoke.json")}
+    where = {"figures": figures, "work": str(work), "smoke_report": str(work / SMOKE_REPORT)}
     if opts.baseline is not None:
         where["vs_baseline"] = compare_figures(json.loads(Path(opts.baseline).read_text()), report)
     if not report["ok"]:
         checks = failing_checks(report)
         raise _Failed({"message": checks[0]["message"], "checks": checks, **where})
     return where
-
-
-def _printed(smoke: dict) -> dict[str, str]:
-    """The figures of a smoke report as printed (3 significant digits), by name."""
-    out = {}
-    for cfg, entry in (smoke.get("parity") or {}).items():
-        for mode, m in entry["modes"].items():
-            out[f"parity {cfg} {mode} worst NMSE"] = f"{m['worst_nmse']:.3g}"
-        for key in ("draft_kv_bytes_per_token_f32", "draft_kv_bytes_per_token_f16"):
-            if key in entry:
-                out[f"{cfg} {key}"] = str(entry[key])
-    for run in (smoke.get("lossless") or {}).get("speculative_simple", []) + \
-            (smoke.get("lossless") or {}).get("server", []):
-        name = (f"lossless {'server' if 'parallel' in run else 'simple'} {run['draft']} k={run['draft_max']} "
-                f"fa={run['flash_attn']} p_min={run['p_min']}")
-        out[name] = f"{run['identical']}/{run['of']} identical, drafted {run['drafted']}, accepted {run['accepted']}"
-    for name, v in (smoke.get("target_side") or {}).items():
-        out[f"target {name} worst NMSE vs prefix stream"] = f"{v['worst_nmse_vs_prefix_stream']:.3g}"
-    return out
-
-
-def compare_figures(baseline: dict, smoke: dict) -> dict:
-    """Which printed figures of `smoke` differ from `baseline` (e.g. the pin's own proof)."""
-    old, new = _printed(baseline), _printed(smoke)
-    diff = [{"figure": k, "baseline": old.get(k), "canary": new.get(k)}
-            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-    return {"equal": not diff, "compared": len(set(old) & set(new)), "differences": diff}
-
-
-def failing_checks(smoke: dict) -> list[dict]:
-    """The checks a smoke report failed, most specific first: a parity case over its
-    threshold (config, mode, NMSE, threshold), the lossless mismatches, then the stages."""
-    checks = []
-    for cfg, entry in (smoke.get("parity") or {}).items():
-        for mode, m in entry["modes"].items():
-            if not m["pass"]:
-                checks.append({"check": "parity", "config": cfg, "mode": mode,
-                               "worst_nmse": m["worst_nmse"], "threshold": m["threshold"],
-                               "chains_equal": m["chains_equal"],
-                               "message": f"parity {cfg} {mode}: NMSE {m['worst_nmse']:.3g} over "
-                                          f"the threshold {m['threshold']:.0e}"})
-    lossless = smoke.get("lossless") or {}
-    if lossless.get("n_mismatches"):
-        checks.append({"check": "lossless", "mismatches": lossless.get("mismatches", [])[:5],
-                       "message": f"lossless: {lossless['n_mismatches']} outputs differ from the "
-                                  f"target alone, first: {lossless.get('mismatches', ['?'])[0]}"})
-    for name, stage in smoke.get("stages", {}).items():
-        if not stage.get("ok"):
-            checks.append({"check": name, "error": stage.get("error", ""),
-                           "message": f"{name}: {stage.get('error', 'failed')}"})
-    return checks or [{"check": "smoke", "message": "the proof failed without naming a check"}]
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -333,12 +282,6 @@ def _blame(ws: Workspace, file: str, line: int) -> dict | None:
     if sha == base:
         return {"by": "upstream", "commit": sha, "text": text}
     return {"by": "series", "commit": sha, "subject": summary, "text": text}
-
-
-def _lossless_counts(lossless: dict) -> dict:
-    runs = lossless.get("speculative_simple", []) + lossless.get("server", [])
-    return {"runs": len(runs), "identical": sum(1 for r in runs if r["identical"] == r["of"]),
-            "mismatches": lossless.get("n_mismatches")}
 
 
 # ------------------------------------------------------------------------------ text

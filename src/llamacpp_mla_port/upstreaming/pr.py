@@ -25,10 +25,7 @@ disclosure to be the contributor's own). Steps:
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +36,8 @@ import git
 from llamacpp_mla_port import gitutil, process, project
 from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG, TARGET_SETS
 from llamacpp_mla_port.errors import PortError, SeriesError, WorkTreeError
+from llamacpp_mla_port.project import Build, Places
+from llamacpp_mla_port.proof.smoke import proof_summary, prove_into
 from llamacpp_mla_port.series import pipeline, stacks as stacks_mod
 from llamacpp_mla_port.series.gitseries import read_series
 from llamacpp_mla_port.series.spec import Stack, load_series
@@ -161,46 +160,6 @@ def check_commits(repo: Path, base: str, head: str, checkout: Path, build_dir: P
 
 
 # ------------------------------------------------------------------------------- proof
-def run_smoke(tree: Path, build_dir: Path, extra: list[str], log=print) -> dict:
-    """`llamacpp-mla-port smoke` on the series head, as a subprocess; its JSON report."""
-    if importlib.util.find_spec("llamacpp_mla_port.proof.smoke") is None:
-        return {"ok": False, "status": "missing",
-                "error": "llamacpp_mla_port.proof.smoke is not installed: the proof was not run"}
-    cmd = [sys.executable, "-m", "llamacpp_mla_port", "smoke", "--tree", str(tree),
-           "--build-dir", str(build_dir), *extra]
-    log(f"pr: running the proof: {' '.join(cmd[2:])}")
-    proc = process.run(cmd, timeout=4 * 3600)          # the whole proof, its builds included
-    try:
-        report = json.loads(proc.stdout[proc.stdout.index("{"):])
-    except ValueError:
-        report = {"ok": False, "error": "the proof printed no JSON report",
-                  "stdout_tail": proc.stdout[-3000:]}
-    report["exit_code"] = proc.returncode
-    report["stderr_tail"] = proc.stderr[-3000:]
-    report.setdefault("seconds", round(proc.seconds, 1))
-    return report
-
-
-def proof_summary(smoke: dict) -> dict:
-    """The figures a reviewer asks for, pulled out of the proof's report."""
-    out: dict = {"ok": smoke.get("ok"), "stages": {k: v.get("ok") for k, v in
-                                                   smoke.get("stages", {}).items()}}
-    parity = smoke.get("parity") or {}
-    out["parity_worst_nmse"] = {cfg: {m: e.get("worst_nmse") for m, e in v.get("modes", {}).items()}
-                                for cfg, v in parity.items()}
-    out["parity_headroom"] = {m: e.get("headroom") for m, e in
-                              (smoke.get("parity_modes") or {}).get("modes", {}).items()}
-    out["kv_bytes_per_token"] = {cfg: {k: v[k] for k in v if k.startswith("draft_kv_bytes")}
-                                 for cfg, v in parity.items()}
-    lossless = smoke.get("lossless") or {}
-    if lossless:
-        out["lossless"] = {k: lossless[k] for k in lossless
-                           if k.startswith("n_") or k in ("runs", "mismatches")}
-    if "target_side" in smoke:
-        out["target_side"] = smoke["target_side"]
-    return out
-
-
 # ------------------------------------------------------------------------- PR folders
 SMOKE_COMMAND = ".venv/bin/llamacpp-mla-port smoke"
 
@@ -243,12 +202,12 @@ def _commit_checks(commits: list[CommitCheck], opts: "PrOptions", how: str) -> d
     }
 
 
-def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", places: "project.Places", pin,
+def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", places: Places, pin,
                        series, commits: list[CommitCheck], proof: dict, template: str | None,
                        opts: "PrOptions", patches_match: bool, upstream: dict | None, log=print) -> dict:
     """<work-dir>/pr/<stack>/ (rewritten whole): patches/, squashed.patch, checks.json, EVIDENCE.md,
     evidence.json, DESCRIPTION-SKELETON.md, CHECKLIST.md, WALKTHROUGH.md and plan.write_stack_docs'."""
-    folder = places.pr_dir / rs.stack.name
+    folder = places.pr_stack_dir(rs.stack.name)
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -304,16 +263,14 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", places: "
 # ------------------------------------------------------------------------------ the kit
 @dataclass
 class PrOptions:
-    work_dir: Path | None = None
-    patches_dir: Path | None = None      # None: the current checkout's (project.current())
-    templates_dir: Path | None = None
+    places: Places                       # templates/, patches/ and the work dir (project.Places)
     evidence: Path | None = None
     build_dir: Path | None = None
     targets: tuple[str, ...] = PR_TARGETS
     jobs: int | None = None
     skip_build: bool = False
     skip_smoke: bool = False
-    smoke_args: tuple[str, ...] = ()
+    proof_settings: dict = field(default_factory=dict)   # prove_into's server / quick / threads
     skip_evidence: bool = False          # do not run the stacks' evidence commands
     upstream_checks: bool = True         # ty, model naming, pre-tokenizer: base vs patched
     harness_diff: bool = False           # upstream's tests, base vs each stack (the CLI's default)
@@ -321,13 +278,17 @@ class PrOptions:
     bench_settings: BenchSettings = BenchSettings()
     stacks: tuple[str, ...] = ()         # only these stacks (default: all)
 
-    def __post_init__(self) -> None:
-        places = project.places(templates_dir=self.templates_dir, patches_dir=self.patches_dir)
-        self.templates_dir, self.patches_dir = places.templates_dir, places.patches_dir
+    @property
+    def templates_dir(self) -> Path:
+        return self.places.templates_dir
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.places.patches_dir
 
 
-def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=print) -> dict:
-    places = project.places(work_dir=opts.work_dir)
+def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log=print) -> dict:
+    places = opts.places
     ws = Workspace(places.work_dir)
     if not ws.state_path.is_file():
         raise WorkTreeError(f"no tool work tree at {ws.tree}", "run `make patch` first")
@@ -337,12 +298,11 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     head = gitutil.run(repo, "rev-parse", "HEAD")
     if state.get("status") != "applied" or state.get("head") != head:
         raise SeriesError(f"the series is not applied in {ws.tree}", "run `make patch` first")
-    drift = pipeline.check(pipeline.Options(work_dir=ws.work_dir, patches_dir=opts.patches_dir,
-                                            templates_dir=opts.templates_dir), log=log)
-    pin = load_pin(opts.templates_dir / "pin.toml")
+    drift = pipeline.check(pipeline.Options(places), log=log)
+    pin = load_pin(places.pin_file)
     base = state["base"]
     evidence = Path(opts.evidence) if opts.evidence else places.evidence_dir
-    build_dir = Path(opts.build_dir) if opts.build_dir else places.pr_dir / "build"
+    build_dir = Path(opts.build_dir) if opts.build_dir else project.build_in(places.pr_dir)
     if build is None and not opts.skip_build:
         build = commit_build(opts.jobs)
     series = load_series(opts.templates_dir)
@@ -354,7 +314,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
                                         {"pin": pin}, list(opts.stacks) or None)
     per_stack: dict[str, list[CommitCheck]] = {}
     upstream_checks: dict[str, dict] = {}
-    checkout = places.pr_dir / "llama.cpp"
+    checkout = project.tree_in(places.pr_dir)
     base_checks: dict[str, dict] = {}    # per base commit: a stacked PR is checked against its own
     for rs in rendered:
         log(f"pr: stack {rs.stack.name}: {len(rs.shas)} commits alone on the base")
@@ -376,8 +336,11 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
             log(f"pr: upstream's benchmarks on the base and on {rs.stack.name}, the same flags")
             upstream_bench.run_stack(repo, rs, base, pin.short, places, opts.bench_settings, log)
     commits = [c for cs in per_stack.values() for c in cs]
-    proof = {"ok": None, "status": "skipped"} if opts.skip_smoke else \
-        smoke(ws.tree, ws.build_dir, list(opts.smoke_args), log)
+    if opts.skip_smoke:
+        proof = {"ok": None, "status": "skipped"}
+    else:
+        log(f"pr: the proof on the series head; progress in {places.pr_proof_dir / 'proof.log'}")
+        proof = smoke(places.pr_proof_dir, Build(ws.tree, ws.build_dir), **opts.proof_settings)
 
     checks = {
         "patches_match": drift == "",
@@ -437,6 +400,6 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=run_smoke, log=
     verdict = "all checks that ran pass" if results["ok"] else "SOME CHECKS FAIL"
     log(f"pr: evidence in {evidence} ({verdict}"
         f"{'; skipped: ' + ', '.join(skipped) if skipped else ''}; complete CHECKLIST.md "
-        "yourself); PR folders: " + ", ".join(str(places.pr_dir / n) for n in pr_folders)
+        "yourself); PR folders: " + ", ".join(str(places.pr_stack_dir(n)) for n in pr_folders)
         + f"; the order to open them: {plan_path}; nothing was pushed")
     return {"evidence": evidence, **results}

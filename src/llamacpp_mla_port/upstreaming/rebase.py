@@ -33,7 +33,8 @@ from pathlib import Path
 
 import git
 
-from llamacpp_mla_port import gitutil, project
+from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.errors import PinError, PortError, WorkTreeError
 from llamacpp_mla_port.series import pipeline, gitseries as series_mod, stacks as stacks_mod
 from llamacpp_mla_port.series.spec import Series, load_series
@@ -263,24 +264,26 @@ class Outcome:
 @dataclass
 class RebaseOptions:
     onto: str
+    places: Places                       # templates/, patches/, the work dir (project.Places)
     git_url: str | None = None
     force: bool = False
     canary: bool = False
     tag: str | None = None
-    templates_dir: Path | None = None    # None: the current checkout's (project.current())
-    patches_dir: Path | None = None
-    work_dir: Path | None = None
     source: str = "auto"
     sdist_file: Path | None = None
 
     patches_out: Path | None = None      # canary: the series rendered at the new base goes here
 
-    def __post_init__(self) -> None:
-        places = project.places(templates_dir=self.templates_dir, patches_dir=self.patches_dir)
-        self.templates_dir, self.patches_dir = places.templates_dir, places.patches_dir
+    @property
+    def templates_dir(self) -> Path:
+        return self.places.templates_dir
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.places.patches_dir
 
     def target(self, pin: Pin, log=print) -> Target:
-        return resolve_target(self.onto, self.git_url, pin, self.tag, self.templates_dir, log=log)
+        return resolve_target(self.onto, self.git_url, pin, self.templates_dir, self.tag, log=log)
 
 
 def _moved_pin(pin: Pin, target: Target) -> Pin | None:
@@ -309,7 +312,7 @@ def _render_commits(repo: git.Repo, series: Series, base: Base, pin: Pin) -> lis
 
 def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outcome:
     """`target`: already resolved (the canary times that step on its own)."""
-    pin = load_pin(opts.templates_dir / "pin.toml")
+    pin = load_pin(opts.places.pin_file)
     series = load_series(opts.templates_dir)
     target = target or opts.target(pin, log)
     rel = relation(pin, target)
@@ -318,7 +321,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     onto_info = {"commit": target.commit, "tag": target.tag, "url": target.url,
                  "source": target.base.source, "tree": target.base.tree, "build": target.build,
                  "origin": target.origin}
-    ws = Workspace(project.places(work_dir=opts.work_dir).work_dir)
+    ws = Workspace(opts.places.work_dir)
 
     if not opts.canary:
         if new_pin is None:
@@ -408,7 +411,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
             return outcome(ok, ("canary-ok" if ok else "stack-conflict") if opts.canary
                            else "up-to-date", range_diff=range_diff, patches=patches,
                            head=new_shas[-1], stacks=tried)
-        pin_path = opts.templates_dir / "pin.toml"
+        pin_path = opts.places.pin_file
         write_pin(pin_path, pin_text(pin, new_pin, pin_path.read_text()))
         series_mod.install(Path(tmp), opts.patches_dir)
     if ws.tree.exists():
@@ -420,9 +423,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
             if target.commit is None:   # the pin names the imported sdist tree: cache it so
                 gitutil.run(cache, "update-ref", obtain.pin_ref("sdist", new_pin),
                             target.base.sha)
-            pipeline.patch(pipeline.Options(work_dir=ws.work_dir, patches_dir=opts.patches_dir,
-                                            templates_dir=opts.templates_dir,
-                                            source="git" if target.commit else "sdist",
+            pipeline.patch(pipeline.Options(opts.places, source="git" if target.commit else "sdist",
                                             git_url=target.url), log=log)
         except PortError as err:
             notes.append(f"the pin and patches/ moved, but the work tree {ws.tree} was not "

@@ -75,9 +75,8 @@ def _describe(repo: Path | None, commit: str) -> str:
     return commit[:12]
 
 
-def resolve_target(onto: str, git_url: str | None, pin: Pin, tag: str | None = None,
-                   templates_dir: Path | None = None, sdist_file: Path | None = None,
-                   log=print) -> Target:
+def resolve_target(onto: str, git_url: str | None, pin: Pin, templates_dir: Path, tag: str | None = None,
+                   sdist_file: Path | None = None, log=print) -> Target:
     """Fetch (or import) what --onto names into the cache repo: a commit (of --git-url or
     the pin's URL), a clone, a plain folder, or a PyPI sdist tree (source/newer.py)."""
     if git_url is None and os.path.isdir(onto):

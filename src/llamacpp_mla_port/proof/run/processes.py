@@ -23,14 +23,13 @@ from __future__ import annotations
 import re
 import signal
 import socket
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Sequence
 
 from llamacpp_mla_port.errors import ProcessError, ProofError
-from llamacpp_mla_port.process import Completed, kill_group, run
+from llamacpp_mla_port.process import Completed, Popen, TimeoutExpired, kill_group, run, spawn
 
 LOCALHOST = "127.0.0.1"
 
@@ -42,7 +41,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+def _kill_group(proc: Popen, sig: int) -> None:
     kill_group(proc.pid, sig)
 
 
@@ -56,8 +55,7 @@ class Owned:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
         try:
-            self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            self.proc = spawn(self.cmd, self._log, env=env)
         except OSError as err:
             self._log.close()
             raise ProofError(f"cannot start {self.name}: {err}", hint=" ".join(self.cmd)) from None
@@ -144,7 +142,7 @@ class Owned:
         """Its exit code, waiting at most `seconds` (then it is killed and ProofError raised)."""
         try:
             return self.proc.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
+        except TimeoutExpired:
             self.stop()
             raise ProofError(f"{self.name} did not exit within {seconds:g} s (killed)",
                              hint=" ".join(self.cmd)) from None
@@ -160,13 +158,13 @@ class Owned:
             _kill_group(self.proc, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
+            except TimeoutExpired:
                 pass
         # the leader may be gone while children of its group still run
         _kill_group(self.proc, signal.SIGKILL)
         try:
             self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:   # pragma: no cover - an unkillable process
+        except TimeoutExpired:   # pragma: no cover - an unkillable process
             pass
         if not self._log.closed:
             self._log.close()

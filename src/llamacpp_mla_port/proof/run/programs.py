@@ -66,7 +66,7 @@ def compile_program(name: str, tree: Path, build_dir: Path, out_dir: Path | None
         key.update(f.name.encode() + f.read_bytes())
     st = libllama.resolve().stat()
     key.update(f"{libllama.resolve()}:{st.st_size}:{st.st_mtime_ns}:{tree}".encode())
-    out_dir = Path(out_dir) if out_dir else project.places().proof_bin_dir / key.hexdigest()[:16]
+    out_dir = Path(out_dir) if out_dir else project.proof_bin_dir() / key.hexdigest()[:16]
     binary = out_dir / name
     if binary.is_file():
         return binary
