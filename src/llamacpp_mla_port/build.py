@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from llamacpp_mla_port.project import program
 from llamacpp_mla_port.errors import BuildError
 
 #: Every set of targets a caller builds, in one table (the views below name them). All of
@@ -206,8 +207,8 @@ def ensure_build(tree: Path, build_dir: Path, targets: Iterable[str] = DEFAULT_T
     _run_logged(build, log_path, f"build of {', '.join(targets)}", echo, env)
 
     # an executable lands as bin/T, a library target (llama, ggml) as bin/libT.so
-    missing = [t for t in targets if not (build_dir / "bin" / t).exists()
-               and not (build_dir / "bin" / f"lib{t}.so").exists()]
+    missing = [t for t in targets if not program(build_dir, t).exists()
+               and not program(build_dir, f"lib{t}.so").exists()]
     if missing:
         raise BuildError(f"build finished but {', '.join(missing)} not in {build_dir / 'bin'}",
                          hint=f"check {log_path}; a target name may not exist in this llama.cpp version")

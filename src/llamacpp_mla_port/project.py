@@ -118,6 +118,21 @@ def proof_bin_dir() -> Path:
     return Path(given) if given else _user_cache() / "llamacpp-mla-port" / "proof-bin"
 
 
+def bin_dir(build_dir: Path) -> Path:
+    """Where a llama.cpp CMake build dir puts its programs."""
+    return Path(build_dir) / "bin"
+
+
+def program(build_dir: Path, name: str) -> Path:
+    """The program `name` of the build dir `build_dir` (Build.bin, for a bare build dir)."""
+    return bin_dir(build_dir) / name
+
+
+def lib_dirs(build_dir: Path) -> tuple[Path, ...]:
+    """Where a build dir's shared libraries land (ggml's under ggml/src, the rest in bin/)."""
+    return (Path(build_dir) / "ggml" / "src", bin_dir(build_dir))
+
+
 @dataclass(frozen=True)
 class Build:
     """A llama.cpp tree and its CMake build dir: where its programs and libraries are."""
@@ -131,16 +146,15 @@ class Build:
 
     def bin(self, name: str) -> Path:
         """A program of the build (bin/<name>)."""
-        return self.dir / "bin" / name
+        return program(self.dir, name)
 
     @property
     def bin_dir(self) -> Path:
-        return self.dir / "bin"
+        return bin_dir(self.dir)
 
     @property
     def lib_dirs(self) -> tuple[Path, ...]:
-        """Where its shared libraries land (ggml's under ggml/src, the rest in bin/)."""
-        return (self.dir / "ggml" / "src", self.dir / "bin")
+        return lib_dirs(self.dir)
 
     def require_tree(self) -> "Build":
         """This build, refused when no patched llama.cpp tree is at `tree`."""

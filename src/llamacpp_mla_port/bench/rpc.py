@@ -21,6 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
+from llamacpp_mla_port.project import program
 from llamacpp_mla_port import project
 from llamacpp_mla_port.build import DEFAULT_TARGETS, ensure_build
 from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
@@ -33,7 +34,7 @@ DRAFT_MAX = 7
 
 def spec_run(build: Path, pair, prompt: str, n_predict: int, extra: list[str]) -> tuple[float, float]:
     """(wall seconds, decode seconds) of one greedy speculative run."""
-    cmd = [build / "bin" / "llama-speculative-simple", "-m", pair.target, "-md", pair.drafts["bigram"],
+    cmd = [program(build, "llama-speculative-simple"), "-m", pair.target, "-md", pair.drafts["bigram"],
            "--spec-type", "draft-dspark", "--spec-draft-n-max", DRAFT_MAX, "-p", prompt, "-n", n_predict,
            "--temp", 0, "--top-k", 1, "-s", 1, "-c", 512, "-t", 1, "-td", 1, *extra]
     t0 = time.perf_counter()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llamacpp_mla_port.project import program
 from llamacpp_mla_port import process
 from llamacpp_mla_port.build import TARGET_SETS
 from llamacpp_mla_port.errors import ProofError
@@ -118,7 +119,7 @@ class Bench:
             times.update(checkpoint_write_s=round(d.write_seconds, 1), convert_s=round(d.convert_seconds, 1),
                          convert_peak_rss_bytes=d.convert_peak_rss_bytes)
         self.files.update(target_bf16=target, draft_bf16=draft_path, checkpoint=ckpt)
-        quantize = self.build / "bin" / "llama-quantize"
+        quantize = program(self.build, "llama-quantize")
         for key, src in (("draft_q8_0", draft_path), ("target_q8_0", target)):
             dst = src.with_name(src.stem.replace("-bf16", "") + "-q8_0.gguf")
             if not dst.is_file():
@@ -456,7 +457,7 @@ def spec_split(tree: Path, build: Path, work: Path, threads: int, n_prompts: int
     pos_acc = np.zeros(draft_max)
     argv = None
     for p in prompts:
-        argv = [build / "bin" / "llama-speculative-simple", "-m", target, "-md", draft, "--spec-type", "draft-dspark",
+        argv = [program(build, "llama-speculative-simple"), "-m", target, "-md", draft, "--spec-type", "draft-dspark",
                 "--spec-draft-n-max", draft_max, "--spec-draft-p-min", 0, "-p", p, "-n", n_predict, "--temp", 0,
                 "--top-k", 1, "-s", 1, "-c", 1024, "-fa", "off", "-t", threads, "-lv", 4]
         proc = run_bounded(argv, 600)

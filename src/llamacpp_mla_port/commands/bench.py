@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from llamacpp_mla_port.project import bin_dir
 from llamacpp_mla_port.bench.run import STAGES
 from llamacpp_mla_port.commands.common import add_tree_args
 
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace, places) -> int:
             raise PortError(f"unknown stage(s) {', '.join(unknown)}", hint=f"choose from {', '.join(STAGES)}")
     tree, build = places.build.require_tree().tree, places.build.dir
     out = args.out or places.bench_dir
-    if args.baseline_build is not None and not (args.baseline_build / "bin").is_dir():
+    if args.baseline_build is not None and not bin_dir(args.baseline_build).is_dir():
         raise PortError(f"--baseline-build {args.baseline_build}: not a build dir (no bin/)",
                         hint="build the tree without the commit first, e.g. `llamacpp-mla-port build --tree "
                              "DIR --build-dir DIR-build` (docs/bench.md)")

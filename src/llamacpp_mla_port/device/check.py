@@ -26,7 +26,7 @@ from llamacpp_mla_port.device.toolkit import cuda_toolkit_args
 from llamacpp_mla_port.errors import DeviceCheckError, PortError, ProcessError
 from llamacpp_mla_port.gguf.contract import K3_BLOCK, K3_DSPARK_REAL_CONFIG
 from llamacpp_mla_port.process import run
-from llamacpp_mla_port.project import build_in, tree_in
+from llamacpp_mla_port.project import build_in, program, tree_in
 from llamacpp_mla_port.proof.run.processes import Owned
 from llamacpp_mla_port.stages import StageFailed, Stages, write_json
 
@@ -296,7 +296,7 @@ class Check:
         """test-llama-archs' DFlash cases (the series' tests in upstream's harness): each device vs the CPU."""
         import re
 
-        res = run([self.build / "bin" / "test-llama-archs", "-a", "dflash", "-s", "1"], timeout=600)
+        res = run([program(self.build, "test-llama-archs"), "-a", "dflash", "-s", "1"], timeout=600)
         rows = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", res.stdout).splitlines()
                 if ln.startswith("|") and "dflash" in ln]
         self.report["archs"] = {"rc": res.returncode, "rows": rows, "log_tail": res.stderr[-2000:]}

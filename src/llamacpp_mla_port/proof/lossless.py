@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llamacpp_mla_port.project import program
 from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.proof.run.processes import LOCALHOST, Measured, Owned, free_port, run_bounded
 
@@ -54,7 +55,7 @@ def target_alone(build: Path, target: Path, prompt: str, n_predict: int = N_PRED
                  timeout: float = 300):
     """llama-simple's greedy text (the prompt's own rendering, then the continuation);
     with `measured`, (text, the finished run with its peak RSS)."""
-    proc = _run([str(Path(build) / "bin" / "llama-simple"), "-m", str(target), "-n", str(n_predict), prompt], timeout)
+    proc = _run([str(program(build, "llama-simple")), "-m", str(target), "-n", str(n_predict), prompt], timeout)
     return (proc.stdout.strip(), proc) if measured else proc.stdout.strip()
 
 
@@ -62,7 +63,7 @@ def speculative_simple(build: Path, target: Path, draft: Path, prompt: str, draf
                        p_min: float, n_predict: int = N_PREDICT, threads: int = 2, extra=(),
                        timeout: float = 300) -> SpecRun:
     """One greedy llama-speculative-simple run; `extra` args go last (placement: --rpc, -dev, -devd ...)."""
-    exe = str(Path(build) / "bin" / "llama-speculative-simple")
+    exe = str(program(build, "llama-speculative-simple"))
     cmd = [exe, "-m", str(target), "-md", str(draft),
            "--spec-type", "draft-dspark", "--spec-draft-n-max", str(draft_max), "--spec-draft-p-min", str(p_min),
            "-p", prompt, "-n", str(n_predict), "--temp", "0", "--top-k", "1", "-s", "1", "-c", "512",
@@ -98,7 +99,7 @@ class Server:
                  request_timeout: float = 300, load_timeout: float = 120, env: dict | None = None):
         self.port = free_port()
         self.request_timeout = request_timeout
-        cmd = [str(Path(build) / "bin" / "llama-server"), "-m", str(target), "--port", str(self.port),
+        cmd = [str(program(build, "llama-server")), "-m", str(target), "--port", str(self.port),
                "--host", LOCALHOST, "-np", str(parallel), "-c", str(512 * parallel), "-t", str(threads),
                "-fa", "on" if flash_attn else "off", "--no-webui"]
         if draft is not None:

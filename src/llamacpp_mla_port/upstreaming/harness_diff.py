@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from llamacpp_mla_port.build import ensure_build
+from llamacpp_mla_port.project import bin_dir
 from llamacpp_mla_port.errors import BuildError, ProofError
 from llamacpp_mla_port.project import build_in, tree_in
 from llamacpp_mla_port.stages import write_json
@@ -137,8 +138,8 @@ def run_diff(base_dir: Path, patched_dir: Path,
         bins = {}
         for side, (tree, sdir) in sides.items():
             log(f"{side}: building {', '.join(targets)} ({isa})")
-            bins[side] = ensure_build(tree, build_dir_of(sdir, isa), targets, ISA_BUILDS[isa], jobs=jobs,
-                                      echo=False) / "bin"
+            bins[side] = bin_dir(ensure_build(tree, build_dir_of(sdir, isa), targets, ISA_BUILDS[isa], jobs=jobs,
+                                              echo=False))
         if archs and isa == "native":
             # a failing case makes the binaries exit 1: their tables still say which
             res = {s: archs_results(run_tool([str(b / "test-llama-archs"), "-s", "1"], 1800, ok=(0, 1)))

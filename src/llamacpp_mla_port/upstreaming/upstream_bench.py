@@ -26,7 +26,7 @@ from typing import Callable
 from llamacpp_mla_port.build import ensure_build
 from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.fixtures.standard_model import SHAPES, write_standard_model
-from llamacpp_mla_port.project import tree_in
+from llamacpp_mla_port.project import bin_dir, tree_in
 from llamacpp_mla_port.upstreaming import harness_diff as hd
 from llamacpp_mla_port.stages import write_json
 
@@ -125,8 +125,8 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
         bins = {}
         for side, (sdir, _) in sides.items():
             log(f"upstream-bench {rs.stack.name}: {side} ({isa}): building {', '.join(TARGETS)}")
-            bins[side] = ensure_build(tree_in(sdir), hd.build_dir_of(sdir, isa), TARGETS, hd.ISA_BUILDS[isa],
-                                      jobs=settings.jobs, echo=False) / "bin"
+            bins[side] = bin_dir(ensure_build(tree_in(sdir), hd.build_dir_of(sdir, isa), TARGETS, hd.ISA_BUILDS[isa],
+                                              jobs=settings.jobs, echo=False))
         # rounds in ABBA order: a drift of the machine (clock, another load) falls on both sides,
         # and compare-llama-bench averages each side's rounds
         for r in range(settings.rounds):

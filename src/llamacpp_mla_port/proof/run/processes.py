@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
+from llamacpp_mla_port.project import program
 from llamacpp_mla_port.errors import ProcessError, ProofError
 from llamacpp_mla_port.process import Completed, Popen, TimeoutExpired, kill_group, run, spawn
 
@@ -183,7 +184,7 @@ class RpcServer(Owned):
 
     def __init__(self, build: Path, log_path: Path, threads: int = 1, env: dict | None = None,
                  seconds: float = 60):
-        binary = Path(build) / "bin" / "ggml-rpc-server"
+        binary = program(build, "ggml-rpc-server")
         if not binary.is_file():
             raise ProofError(f"{binary} not found: this llama.cpp build has no RPC backend",
                              hint="build it with the RPC backend: make build (not RPC=0)")

@@ -40,7 +40,7 @@ def library_dir(build_dir: Path) -> Path:
 
 def _ggml_dirs(build_dir: Path, lib: Path) -> list[Path]:
     dirs = [lib]
-    for cand in (Path(build_dir) / "ggml" / "src", Path(build_dir) / "bin"):
+    for cand in project.lib_dirs(build_dir):
         if cand.is_dir() and cand.resolve() not in dirs and any(cand.glob("libggml*.so")):
             dirs.append(cand.resolve())
     return dirs
