@@ -37,6 +37,19 @@ def test_a_stack_bench_table_is_checked(tmp_path):
         port.write_text(text.replace('types = ["q8_0", "q4_0"]', bad))
         with pytest.raises(PortDescriptionError, match=r"\[stacks.cpu-q0-odd-columns.bench\]"):
             load_series(templates)
+    for bad in ("n_layer = 0", 'reps = "1"', "reps = 1.5", "n_layer = -2"):
+        port.write_text(text.replace('types = ["q8_0", "q4_0"]', 'types = ["q8_0", "q4_0"]\n' + bad))
+        with pytest.raises(PortDescriptionError, match=r"\[stacks.cpu-q0-odd-columns.bench\]"):
+            load_series(templates)
+
+
+def test_a_stack_sets_its_own_layers_and_reps():
+    """[stacks.NAME.bench] n_layer / reps replace the run's settings for that stack only."""
+    series = load_series(REPO / "templates")
+    run = ub.Settings(n_layer=4, reps=3, threads="1,2")
+    fa = run.for_bench(series.stack("cpu-fa-kv-head-tiles").bench)
+    assert (fa.n_layer, fa.reps, fa.threads) == (1, 1, "1,2")
+    assert run.for_bench(series.stack("cpu-q0-odd-columns").bench) == run
 
 
 def test_each_sides_rows_are_labelled_with_its_commit(tmp_path):

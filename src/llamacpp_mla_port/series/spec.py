@@ -22,7 +22,8 @@ _STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _STACK_KEYS = {"title", "summary", "evidence", "depends", "upstream", "comment_on", "order",
                "issue_first", "overlaps", "issue_facts", "bench", "first_step"}
 #: [stacks.NAME.bench]: what upstream's own benchmarks run on the base and the stack
-_BENCH_KEYS = {"types": list, "prompts": str, "args": list, "ops": list, "params": str, "shape": str}
+_BENCH_KEYS = {"types": list, "prompts": str, "args": list, "ops": list, "params": str, "shape": str,
+               "n_layer": int, "reps": int}
 BENCH_TYPES = ("f16", "bf16", "q8_0", "q4_0")
 _EVIDENCE_KEYS = {"claim", "command"}
 _OVERLAP_KEYS = {"ref", "relation"}
@@ -86,6 +87,8 @@ class Bench:
     ops: tuple[str, ...] = ()         # test-backend-ops perf -o OP
     params: str = ""                  # test-backend-ops perf -p REGEX (the cases of those ops)
     shape: str = "llama-3.2-3b"       # fixtures/standard_model.SHAPES
+    n_layer: int | None = None        # layers of the standard-shape model, when not the run's setting
+    reps: int | None = None           # llama-bench -r, when not the run's setting
 
 
 @dataclass(frozen=True)
@@ -324,11 +327,12 @@ def _bench(path: Path, name: str, table) -> Bench | None:
     if (not isinstance(table, dict) or set(table) - set(_BENCH_KEYS)
             or any(not isinstance(v, _BENCH_KEYS[k]) for k, v in table.items())
             or not table.get("types") or set(table["types"]) - set(BENCH_TYPES)
-            or any(not isinstance(x, str) for k in ("args", "ops") for x in table.get(k, []))):
+            or any(not isinstance(x, str) for k in ("args", "ops") for x in table.get(k, []))
+            or any(k in table and (type(table[k]) is not int or table[k] < 1) for k in ("n_layer", "reps"))):
         raise PortDescriptionError(f"{path}: [stacks.{name}.bench] = {table!r}", fix)
     return Bench(types=tuple(table["types"]), args=tuple(table.get("args", ())),
                  ops=tuple(table.get("ops", ())),
-                 **{k: table[k] for k in ("prompts", "params", "shape") if k in table})
+                 **{k: table[k] for k in ("prompts", "params", "shape", "n_layer", "reps") if k in table})
 
 
 def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:

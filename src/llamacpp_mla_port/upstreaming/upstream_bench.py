@@ -19,7 +19,7 @@ import re
 import sqlite3
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -46,6 +46,10 @@ class Settings:
     rounds: int = 2               # runs of each side, interleaved base/patched (ABBA)
     n_layer: int = 4              # layers of the standard-shape model
     jobs: int | None = None
+
+    def for_bench(self, bench) -> "Settings":
+        """These settings with the stack's own on top (port.toml [stacks.NAME.bench] n_layer, reps)."""
+        return replace(self, **{k: v for k in ("n_layer", "reps") if (v := getattr(bench, k)) is not None})
 
 
 def load_sql(db: Path, sql_text: str, label: str) -> int:
@@ -95,6 +99,7 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
     if bench is None:
         raise ProofError(f"stack {rs.stack.name} has no [stacks.{rs.stack.name}.bench] table",
                          hint="name the GGUF types and ops it touches in templates/port.toml")
+    settings = settings.for_bench(bench)
     t0 = time.monotonic()
     hd_root, out = places.harness_diff_dir, places.upstream_bench_dir / rs.stack.name
     out.mkdir(parents=True, exist_ok=True)
