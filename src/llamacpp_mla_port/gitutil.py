@@ -74,10 +74,6 @@ def run(repo: git.Repo | Path, *args: str, env: dict[str, str] | None = None,
     return g.execute(["git", *args], env=clean_env(env), **kwargs)
 
 
-def open_repo(path: Path) -> git.Repo:
-    return git.Repo(str(path))
-
-
 def store_blob(repo: git.Repo, data: bytes) -> str:
     """Write `data` as a blob object; return its hex id."""
     istream = repo.odb.store(IStream(b"blob", len(data), io.BytesIO(data)))

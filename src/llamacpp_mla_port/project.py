@@ -148,13 +148,6 @@ class Build:
         """A program of the build (bin/<name>)."""
         return program(self.dir, name)
 
-    @property
-    def bin_dir(self) -> Path:
-        return bin_dir(self.dir)
-
-    @property
-    def lib_dirs(self) -> tuple[Path, ...]:
-        return lib_dirs(self.dir)
 
     def require_tree(self) -> "Build":
         """This build, refused when no patched llama.cpp tree is at `tree`."""

@@ -8,6 +8,7 @@ small C++ snippets, and the table on facts the issue names.
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ from llamacpp_mla_port.doctor.loader_table import Block, extract_keys, generate,
 @pytest.mark.build
 def test_shipped_table_matches_the_patched_loader(patched_tree):
     fresh = render(generate(patched_tree))
-    shipped = loader_table.shipped_path().read_text(encoding="utf-8")
+    shipped = (Path(loader_table.__file__).parent / "data" / loader_table.TABLE_NAME).read_text(encoding="utf-8")
     if fresh != shipped:
         diff = "".join(difflib.unified_diff(shipped.splitlines(True), fresh.splitlines(True), "shipped", "fresh"))
         pytest.fail("doctor/data/loader_table.json drifted from the loader: run `llamacpp-mla-port loader-table "

@@ -13,6 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
+import git
 import pytest
 
 from llamacpp_mla_port import project
@@ -71,12 +72,12 @@ class World:
         self.root, self.base, self.up = root, base_sha, up
 
     def read(self, rev: str, path: str) -> str:
-        return gitutil.read_blob(gitutil.open_repo(self.up), rev, path).decode()
+        return gitutil.read_blob(git.Repo(self.up), rev, path).decode()
 
     def commit(self, name: str, edits: dict, parent: str | None = None, orphan=False) -> str:
         """A commit on refs/heads/<name> of the upstream: `edits` maps path -> text -> text."""
         parent = parent or self.base
-        repo = gitutil.open_repo(self.up)
+        repo = git.Repo(self.up)
         index = {"GIT_INDEX_FILE": str(self.root / f"index-{name}")}
         gitutil.run(self.up, "read-tree", parent, env=index)
         for path, edit in edits.items():

@@ -9,6 +9,7 @@ from a value the test computed and then "checked" against itself.
 from __future__ import annotations
 
 import collections
+import math
 import re
 import subprocess
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_mla_port.fixtures.draft_gguf import (mla_draft_config, mla_kq_scale, write_mla_draft_gguf,
+from llamacpp_mla_port.fixtures.draft_gguf import (mla_draft_config, write_mla_draft_gguf,
                                                    write_qwen3_draft_gguf)
 from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
 
@@ -25,6 +26,13 @@ pytestmark = pytest.mark.build
 PROMPT = "hello world"
 N_PREDICT = 48
 CTX = 512
+
+
+def mla_kq_scale(cfg: dict) -> float:
+    """The DeepSeek-YaRN attention scale the runtime must compute for `cfg`."""
+    factor = float(cfg.get("rope_scaling_factor") or 1.0)
+    mscale = 1.0 + 0.1 * float(cfg["mscale_all_dim"]) * math.log(factor) if factor > 1.0 else 1.0
+    return mscale * mscale / math.sqrt(cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])
 
 
 @dataclass

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import git
 import pytest
 
 from llamacpp_mla_port import gitutil
@@ -95,7 +96,7 @@ def test_series_commits_have_llama_cpp_titles_and_bodies():
     series = load_series(TEMPLATES)
     pin = load_pin(PIN_FILE)
     from llamacpp_mla_port.series.render import render_series
-    repo = gitutil.open_repo(obtain.cache_repo().git_dir)
+    repo = git.Repo(obtain.cache_repo().git_dir)
     base = obtain.cached(pin, "sdist") or obtain.cached(pin, "git")
     commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p), "base",
                             {"pin": pin})
@@ -109,7 +110,7 @@ def test_patch_applies_with_git_am_and_is_idempotent(opts):
     logs = []
     first = pipeline.patch(opts, log=logs.append)
     tree = Path(first["tree"])
-    repo = gitutil.open_repo(tree)
+    repo = git.Repo(tree)
     head = gitutil.run(repo, "rev-parse", "HEAD")
     assert gitutil.run(repo, "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
     n = len(first["patches"])
@@ -331,7 +332,7 @@ def test_apply_failure_leaves_the_base_not_half_applied(opts):
     bad = next(opts.patches_dir / p for p in result["patches"] if line in (opts.patches_dir / p).read_text())
     text = bad.read_text()
     bad.write_text(text.replace(line, line + "\n-        no such line"))
-    repo = gitutil.open_repo(tree)
+    repo = git.Repo(tree)
     base = pipeline.Options.workspace(opts).state()["base"]
     with pytest.raises(SeriesError, match="git am -3"):
         series_mod.apply(repo, base, "mla-port", series_mod.read_series(opts.patches_dir),
@@ -475,7 +476,7 @@ def test_reapplying_keeps_the_mtime_of_files_whose_content_did_not_change(tmp_pa
 def test_a_reworded_commit_is_applied_again(tmp_path, opts):
     """Only a commit message changed: the work tree's commit must carry the new message."""
     first = pipeline.patch(opts, log=lambda *_: None)
-    repo = gitutil.open_repo(Path(first["tree"]))
+    repo = git.Repo(Path(first["tree"]))
     templates = _copy_templates(tmp_path)
     message = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "message.txt.j2"
     message.write_text(message.read_text() + "\nReworded.\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import git
 import pytest
 
 from llamacpp_mla_port.errors import ProofError
@@ -164,7 +165,7 @@ def test_a_new_base_is_exported_newer_than_the_last_build(tmp_path):
         gitutil.run(src, "add", "-A")
         gitutil.run(src, "commit", "-q", "-m", text, env=ident)
         shas.append(gitutil.run(src, "rev-parse", "HEAD"))
-    repo = gitutil.open_repo(src)
+    repo = git.Repo(src)
     dest = tmp_path / "side" / "llama.cpp"
     _export(repo, shas[0], dest)
     built = tmp_path / "side" / "object.o"

@@ -8,6 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import git
 import pytest
 
 from llamacpp_mla_port import gitutil
@@ -150,7 +151,7 @@ def test_feature_form_is_read_from_the_base_tree(tmp_path):
     with_form = gitutil.run(repo, "rev-parse", "HEAD")
     gitutil.run(repo, "rm", "-q", "-r", ".github")
     gitutil.run(repo, "commit", "-q", "-m", "no forms", env=IDENT)
-    r = gitutil.open_repo(repo)
+    r = git.Repo(repo)
     path, form = plan.feature_form(r, with_form)
     assert path == ".github/ISSUE_TEMPLATE/020-enhancement.yml" and form["sections"] == SECTIONS
     assert plan.feature_form(r, "HEAD") is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import git
+
 from llamacpp_mla_port import gitutil
 from llamacpp_mla_port.series.spec import Evidence, Stack, load_series
 from llamacpp_mla_port.upstreaming import walkthrough
@@ -53,7 +55,7 @@ STACK = Stack(name="demo", title="model : refuse an odd rope width", commits=("a
 
 def test_every_hunk_is_listed_and_followed_to_the_tests_that_use_it(tmp_path):
     folder, repo, base = _folder(tmp_path)
-    text = walkthrough.write(folder, STACK, gitutil.open_repo(repo), base).read_text()
+    text = walkthrough.write(folder, STACK, git.Repo(repo), base).read_text()
     assert text.startswith("# Walkthrough: model : refuse an odd rope width")
     assert "not text to post" in text and "2 commit(s), 3 hunk(s)." in text
     assert "## 1. model : refuse an odd rope width" in text and "ggml_rope asserts on it" in text

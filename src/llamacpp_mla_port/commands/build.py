@@ -29,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, places) -> int:
-    tree, build_dir = places.owned_tree, places.owned_build
+    tree, build_dir = places.owned.tree, places.owned.dir
     require_applied(tree)
     targets = args.targets or list(DEFAULT_TARGETS)
     if not args.rpc:

@@ -427,7 +427,3 @@ def load() -> dict[str, Any]:
     """The table shipped with the package."""
     table = resources.files("llamacpp_mla_port.doctor").joinpath("data", TABLE_NAME)
     return json.loads(table.read_text(encoding="utf-8"))
-
-
-def shipped_path() -> Path:
-    return Path(__file__).parent / "data" / TABLE_NAME

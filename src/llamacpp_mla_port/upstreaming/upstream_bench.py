@@ -90,6 +90,12 @@ def commands(bench, model: Path, settings: Settings) -> dict[str, list[str]]:
     return out
 
 
+def _table(bench) -> dict:
+    """The stack's [bench] table as a report records it: a key the table leaves unset is left out,
+    so a report from before that key existed still stands."""
+    return {k: v for k, v in asdict(bench).items() if v is not None}
+
+
 def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settings = Settings(),
               log: Callable[[str], None] = lambda m: None) -> dict:
     """Base `base_sha` against the stack's head: builds (harness-diff's trees), models, the
@@ -103,7 +109,7 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
     t0 = time.monotonic()
     hd_root, out = places.harness_diff_dir, places.upstream_bench_dir / rs.stack.name
     out.mkdir(parents=True, exist_ok=True)
-    old = hd.standing_report(out, {"base_sha": base_sha, "head": rs.head, "bench": asdict(bench),
+    old = hd.standing_report(out, {"base_sha": base_sha, "head": rs.head, "bench": _table(bench),
                                    "settings": asdict(settings)})
     if old is not None:
         log(f"upstream-bench {rs.stack.name}: the report of {rs.head[:12]} stands ({out / 'report.md'})")
@@ -119,7 +125,7 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
                                            settings.n_layer))
     labels = {"base": base_sha[:8], "patched": rs.head[:8]}
     report: dict = {"stack": rs.stack.name, "base": base_label, "base_sha": base_sha, "head": rs.head,
-                    "settings": asdict(settings), "bench": asdict(bench),
+                    "settings": asdict(settings), "bench": _table(bench),
                     "models": {"shape": SHAPES[bench.shape].model, "n_layer": settings.n_layer,
                                "of_layers": SHAPES[bench.shape].n_layer, "files": [m.name for m in models]},
                     "builds": {}}

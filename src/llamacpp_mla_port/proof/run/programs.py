@@ -88,10 +88,6 @@ def compile_program(name: str, tree: Path, build_dir: Path, out_dir: Path | None
     return binary
 
 
-def compile_all(tree: Path, build_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
-    return {name: compile_program(name, tree, build_dir, out_dir) for name in PROGRAMS}
-
-
 def ggml_cpu_features(tree: Path, build_dir: Path) -> dict[str, int]:
     """What the build's ggml-cpu was compiled for (ggml_cpu_has_*: avx2, fma, f16c, avx512,
     avx512_bf16, amx_int8), not what the CPU has (cpp/cpu-features.cpp)."""
