@@ -28,14 +28,15 @@ $OUT (device) or work/device-check/ (dry run) after every stage:
             on the GPU, with a draft of the real 512 + 64 latent (flash attention off/on,
             F16 and Q8_0 cache) and, in `realsize`, the real-size draft: any node on the CPU
             except the host-side token/Markov row lookups is a fallback
+  archs     the series' DFlash cases of `test-llama-archs -a dflash` (CUDA against the CPU)
   parity    proof.parity's whole matrix with draft and target on the GPU; judged per mode by
             `judge_mode` (the CPU bound where the run meets it, like with like; else the
             largest bound the controls allow, with its measured headroom)
-  lossless  proof.lossless with `-ngl 99 -ngld 99` (llama-speculative-simple, llama-server -np 2)
   realsize  the real-size draft block (random weights written there) timed by draft-bench on
             the GPU against the HBM floor (bench.floors' bytes / the copy bandwidth measured
             in the same run), for both v_b forms; the broadcast build also passes the F32
             parity of one shape before its time counts
+  lossless  proof.lossless with `-ngl 99 -ngld 99` (llama-speculative-simple, llama-server -np 2)
 """
 
 from __future__ import annotations
