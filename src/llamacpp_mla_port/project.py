@@ -264,6 +264,21 @@ class Places:
         return Path(given) if given else self.root / "work-canary"
 
     @property
+    def canary_patches(self) -> Path:
+        """The series the canary rendered at the new upstream."""
+        return self.canary_dir / "patches"
+
+    @property
+    def canary_stacks_dir(self) -> Path:
+        """The canary's checkout (llama.cpp/) and build (build/) of each PR stack alone."""
+        return self.canary_dir / "stacks"
+
+    @property
+    def canary_proof_dir(self) -> Path:
+        """The canary's run of the proof (prove_into's folder)."""
+        return self.canary_dir / "proof"
+
+    @property
     def bench_dir(self) -> Path:
         return self.work_dir / "bench"
 

@@ -245,7 +245,7 @@ def _stacks_state(tmp_path, monkeypatch, fail: str | None):
 
     monkeypatch.setattr(pr, "check_commits", check_commits)
     monkeypatch.setattr(canary, "cache_repo", lambda: tmp_path / "base.git")
-    opts = SimpleNamespace(canary_dir=tmp_path / "canary", jobs=1)
+    opts = SimpleNamespace(places=project.Places().with_flags(canary_dir=tmp_path / "canary"), jobs=1)
     state = {"target": SimpleNamespace(label="b11434"),
              "outcome": SimpleNamespace(stacks=[{"stack": n, "head": f"{n}-head"} for n in ("rpc", "pair-check", "mla")])}
     return opts, state, built

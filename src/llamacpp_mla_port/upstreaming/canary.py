@@ -31,7 +31,7 @@ from pathlib import Path
 import git
 
 from llamacpp_mla_port import build as build_mod, gitutil
-from llamacpp_mla_port.project import Build, Places
+from llamacpp_mla_port.project import Build, Places, build_in, tree_in
 from llamacpp_mla_port.errors import PatchApplyError, PortError, SeriesError
 from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.spec import load_series
@@ -133,7 +133,7 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
 def _obtain(opts: CanaryOptions, pin, state: dict, log) -> dict:
     ropts = RebaseOptions(onto=opts.onto, places=opts.places.with_flags(work_dir=opts.canary_dir),
                           git_url=opts.git_url, canary=True, tag=opts.tag,
-                          patches_out=opts.canary_dir / "patches")
+                          patches_out=opts.places.canary_patches.absolute())
     target: Target = ropts.target(pin, log)
     state.update(target=target, ropts=ropts)
     state["onto"] = {"commit": target.commit, "tag": target.tag, "url": target.url,
@@ -175,13 +175,13 @@ def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
     target: Target = state["target"]
     outcome = state["outcome"]
     series = load_series(opts.templates_dir)
-    patches = series_mod.read_series(opts.canary_dir / "patches")
+    patches = series_mod.read_series(opts.places.canary_patches)
     if ws.tree.exists() and not ws.state_path.is_file():
         raise PortError(f"{ws.tree} exists but was not created by llamacpp-mla-port",
                         f"move it away, or pass another --canary-dir (${ENV_DIR})")
     repo = ws.ensure(target.base, target.commit or target.tag, log)
     ws.require_clean(repo)
-    touched = {f["path"] for p in _manifest(opts.canary_dir / "patches") for f in p["files"]}
+    touched = {f["path"] for p in _manifest(opts.places.canary_patches) for f in p["files"]}
     want = gitutil.run(cache_repo(), "rev-parse", f"{outcome.head}^{{tree}}")
     try:
         head = apply_series(ws, repo, target.base.sha, series, patches, touched, want)
@@ -227,7 +227,8 @@ def _build_stacks(opts: CanaryOptions, state: dict, log) -> dict:
     out in one tool-owned worktree and built as `pr` builds a commit, one build dir for all."""
     from llamacpp_mla_port.upstreaming.pr import PR_CMAKE_ARGS, PR_TARGETS, check_commits, commit_build
     label = state["target"].label
-    checkout, build_dir = opts.canary_dir / "stacks" / "llama.cpp", opts.canary_dir / "stacks" / "build"
+    stacks_dir = opts.places.canary_stacks_dir.absolute()
+    checkout, build_dir = tree_in(stacks_dir), build_in(stacks_dir)
     build = commit_build(opts.jobs)
     out = []
     for entry in state["outcome"].stacks:
@@ -248,7 +249,7 @@ def _build_stacks(opts: CanaryOptions, state: dict, log) -> dict:
 def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:
     from llamacpp_mla_port.proof.smoke import (REPORT_NAME as SMOKE_REPORT, compare_figures, failing_checks,
                                                lossless_counts, proof_summary, prove_into)
-    work = opts.canary_dir / "proof"
+    work = opts.places.canary_proof_dir.absolute()
     # the proof's progress lines go to its log: the terminal gets one line per stage
     report = prove_into(work, Build(ws.tree, ws.build_dir), build=False, server=opts.server,
                         quick=opts.quick, threads=opts.threads)
