@@ -90,6 +90,16 @@ def commands(bench, model: Path, settings: Settings) -> dict[str, list[str]]:
     return out
 
 
+def layers_note(shape, n_layer: int) -> str:
+    """Which kind of layer the first `n_layer` of an MoE model are (its dense lead, its experts)."""
+    if shape.mla is None:
+        return ""
+    dense = min(n_layer, shape.mla.n_dense_lead)
+    return (f"{dense} dense-FFN layer{'s' if dense > 1 else ''}" +
+            (f" and {n_layer - dense} MoE layer{'s' if n_layer - dense > 1 else ''} ({shape.mla.n_expert} "
+             f"experts, {shape.mla.n_expert_used} used)" if n_layer > dense else ", no MoE layer"))
+
+
 def _table(bench) -> dict:
     """The stack's [bench] table as a report records it: a key the table leaves unset is left out,
     so a report from before that key existed still stands."""
@@ -127,7 +137,8 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
     report: dict = {"stack": rs.stack.name, "base": base_label, "base_sha": base_sha, "head": rs.head,
                     "settings": asdict(settings), "bench": _table(bench),
                     "models": {"shape": SHAPES[bench.shape].model, "n_layer": settings.n_layer,
-                               "of_layers": SHAPES[bench.shape].n_layer, "files": [m.name for m in models]},
+                               "of_layers": SHAPES[bench.shape].n_layer, "files": [m.name for m in models],
+                               "layers": layers_note(SHAPES[bench.shape], settings.n_layer)},
                     "builds": {}}
     for isa in settings.isas:
         db = out / f"{isa}.sqlite"
@@ -168,7 +179,8 @@ def markdown(report: dict) -> str:
     lines = [f"Base {report['base']} ({report['base_sha'][:8]}) against this PR ({report['head'][:8]}), "
              "built with the same flags; tables by the tree's `scripts/compare-llama-bench.py`.", "",
              f"Models: the shapes of {m['shape']} ({m['n_layer']} of its {m['of_layers']} layers, its full "
-             f"vocabulary), **random weights**: {', '.join(m['files'])}. llama-bench `-t {st['threads']} "
+             f"vocabulary{'; ' + m['layers'] if m.get('layers') else ''}), **random weights**: "
+             f"{', '.join(m['files'])}. llama-bench `-t {st['threads']} "
              f"-r {st['reps']}`, " + (f"{st['rounds']} rounds per side in ABBA order (the tables average them)."
                                  if st.get("rounds", 1) > 1 else "one round per side."), ""]
     for isa, b in report["builds"].items():
