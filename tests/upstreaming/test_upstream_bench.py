@@ -99,6 +99,33 @@ def test_the_standard_model_has_the_models_shapes(tmp_path):
     assert "random weights" in bytes(r.fields["general.name"].parts[-1]).decode()
 
 
+def test_the_mla_standard_model_is_written_as_llama_cpps_converter_writes_deepseek_v2(tmp_path):
+    """DeepSeek-V2-Lite's first layer: the absorbed-MLA form llama.cpp loads (deepseek2.cpp's
+    create_tensor shapes, ggml order), one latent K/V head of 512 + 64, and the dense FFN."""
+    import gguf
+    sh = ub.SHAPES["deepseek-v2-lite"]
+    m = sh.mla
+    path = ub.write_standard_model("deepseek-v2-lite", "q8_0", tmp_path / "ds.gguf", n_layer=1)
+    r = gguf.GGUFReader(path)
+    t = {x.name: list(x.shape) for x in r.tensors}
+
+    def kv(key):
+        return r.fields[f"deepseek2.{key}"].parts[-1][0]
+
+    assert (kv("attention.head_count_kv"), kv("attention.key_length"), kv("attention.value_length")) == (1, 576, 512)
+    assert (kv("attention.key_length_mla"), kv("attention.value_length_mla"), kv("rope.dimension_count")) == (192, 128, 64)
+    assert (kv("attention.q_lora_rank"), kv("leading_dense_block_count")) == (0, 1)
+    assert t["blk.0.attn_q.weight"] == [sh.n_embd, sh.n_head * (m.qk_nope + m.qk_rope)]
+    assert t["blk.0.attn_kv_a_mqa.weight"] == [sh.n_embd, m.kv_lora_rank + m.qk_rope]
+    assert t["blk.0.attn_k_b.weight"] == [m.qk_nope, m.kv_lora_rank, sh.n_head]
+    assert t["blk.0.attn_v_b.weight"] == [m.kv_lora_rank, m.v_head, sh.n_head]
+    assert t["blk.0.attn_output.weight"] == [sh.n_head * m.v_head, sh.n_embd]
+    assert t["blk.0.ffn_down.weight"] == [sh.n_ff, sh.n_embd] and "blk.0.ffn_gate_exps.weight" not in t
+    assert t["output.weight"] == [sh.n_embd, sh.n_vocab]
+    assert ub.layers_note(sh, 1) == "1 dense-FFN layer, no MoE layer"
+    assert ub.layers_note(sh, 4) == "1 dense-FFN layer and 3 MoE layers (64 experts, 6 used)"
+
+
 def test_evidence_opens_with_the_tables_or_the_command(tmp_path):
     report = {"stack": "cpu-demo", "base": "b1 (tree x)", "base_sha": "a" * 40, "head": "b" * 40,
               "seconds": 3.0, "settings": {"threads": "1,2", "reps": 3},
