@@ -59,7 +59,7 @@ def test_checked_in_patches_match_a_fresh_render(opts):
     opts = opts.with_flags(patches_dir=PATCHES_DIR)
     diff = pipeline.check(opts, log=lambda *_: None)
     assert diff == "", "patches/ drifted from templates/ (run `make patch`):\n" + diff
-    assert not opts.work_dir.exists()        # read-only: no work tree made
+    assert not opts.places.work_dir.exists()        # read-only: no work tree made
 
 
 def test_check_never_moves_a_work_tree_on_another_base(opts, tmp_path):
@@ -121,10 +121,10 @@ def test_patch_applies_with_git_am_and_is_idempotent(opts):
     assert gitutil.run(repo, "rev-parse", "HEAD") == head
     assert any("already applied" in line for line in logs)
     # the exported patches apply on a plain clone of the base with git am -3 too
-    other = opts.work_dir.parent / "plain"
-    gitutil.run(opts.work_dir.parent, "clone", "-q", "--branch", "mla-port-base", str(tree),
+    other = opts.places.work_dir.parent / "plain"
+    gitutil.run(opts.places.work_dir.parent, "clone", "-q", "--branch", "mla-port-base", str(tree),
                 str(other))
-    gitutil.run(other, "am", "-3", *[str(opts.patches_dir / p) for p in first["patches"]],
+    gitutil.run(other, "am", "-3", *[str(opts.places.patches_dir / p) for p in first["patches"]],
                 env=gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z"))
     assert gitutil.run(other, "rev-parse", "HEAD^{tree}") == gitutil.run(repo, "rev-parse",
                                                                           "HEAD^{tree}")
@@ -148,7 +148,7 @@ def test_missing_anchor_names_file_anchor_base_and_candidates(tmp_path, opts, pi
     assert pin.short in msg and pin.tag in msg
     assert "MODEL_TENSOR.ATTN_Q_A_NORM," in msg          # the nearest candidate line
     assert "nothing was written" in msg
-    assert not opts.patches_dir.exists() or not any(opts.patches_dir.iterdir())
+    assert not opts.places.patches_dir.exists() or not any(opts.places.patches_dir.iterdir())
 
 
 def test_ambiguous_anchor_is_refused(tmp_path, opts):
@@ -316,11 +316,11 @@ def test_dirty_work_tree_is_refused_and_kept(opts):
 
 
 def test_foreign_directory_is_not_taken_over(opts):
-    (opts.work_dir / "llama.cpp").mkdir(parents=True)
-    (opts.work_dir / "llama.cpp" / "precious").write_text("x")
+    (opts.places.work_dir / "llama.cpp").mkdir(parents=True)
+    (opts.places.work_dir / "llama.cpp" / "precious").write_text("x")
     with pytest.raises(WorkTreeError, match="not created by llamacpp-mla-port"):
         pipeline.patch(opts, log=lambda *_: None)
-    assert (opts.work_dir / "llama.cpp" / "precious").read_text() == "x"
+    assert (opts.places.work_dir / "llama.cpp" / "precious").read_text() == "x"
 
 
 def test_apply_failure_leaves_the_base_not_half_applied(opts):
@@ -329,13 +329,13 @@ def test_apply_failure_leaves_the_base_not_half_applied(opts):
     from llamacpp_mla_port.series import gitseries as series_mod
     # break the gguf-py patch wherever it sits in the series (what applied before it must go too)
     line = "+        MODEL_TENSOR.ATTN_KV_A_MQA,"
-    bad = next(opts.patches_dir / p for p in result["patches"] if line in (opts.patches_dir / p).read_text())
+    bad = next(opts.places.patches_dir / p for p in result["patches"] if line in (opts.places.patches_dir / p).read_text())
     text = bad.read_text()
     bad.write_text(text.replace(line, line + "\n-        no such line"))
     repo = git.Repo(tree)
     base = pipeline.Options.workspace(opts).state()["base"]
     with pytest.raises(SeriesError, match="git am -3"):
-        series_mod.apply(repo, base, "mla-port", series_mod.read_series(opts.patches_dir),
+        series_mod.apply(repo, base, "mla-port", series_mod.read_series(opts.places.patches_dir),
                          load_series(TEMPLATES))
     assert gitutil.run(repo, "rev-parse", "HEAD") == base
     assert gitutil.run(repo, "status", "--porcelain") == ""
@@ -459,7 +459,7 @@ def test_reapplying_keeps_the_mtime_of_files_whose_content_did_not_change(tmp_pa
     first = pipeline.patch(opts, log=lambda *_: None)
     tree = Path(first["tree"])
     constants = tree / "gguf-py" / "gguf" / "constants.py"
-    others = [tree / f.path for f in _touched_by_series(opts.patches_dir) if f.path != "gguf-py/gguf/constants.py"]
+    others = [tree / f.path for f in _touched_by_series(opts.places.patches_dir) if f.path != "gguf-py/gguf/constants.py"]
     assert others, "the series should touch more than constants.py"
     for p in [constants] + others:
         os.utime(p, ns=(0, 1_000_000_000))              # an old, recognisable mtime

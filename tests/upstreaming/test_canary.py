@@ -608,4 +608,4 @@ def test_a_relative_canary_dir_names_one_place(tmp_path, monkeypatch):
     opts = CanaryOptions(onto="newest", places=project.Places().with_flags(
         canary_dir=Path("work-canary"), templates_dir=Path("t"), patches_dir=Path("p")))
     assert opts.canary_dir == tmp_path / "work-canary"
-    assert opts.templates_dir == tmp_path / "t" and opts.patches_dir == tmp_path / "p"
+    assert opts.places.templates_dir == tmp_path / "t" and opts.places.patches_dir == tmp_path / "p"

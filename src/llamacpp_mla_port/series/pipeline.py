@@ -31,18 +31,6 @@ class Options:
     sdist_file: Path | None = None
     commit: str | None = None
 
-    @property
-    def templates_dir(self) -> Path:
-        return self.places.templates_dir
-
-    @property
-    def patches_dir(self) -> Path:
-        return self.places.patches_dir
-
-    @property
-    def work_dir(self) -> Path:
-        return self.places.work_dir
-
     def with_flags(self, **flags) -> "Options":
         """These options with the given place flags on top of their places."""
         return dataclasses.replace(self, places=self.places.with_flags(**flags))
@@ -81,7 +69,7 @@ def prepare(opts: Options, log=print) -> tuple[Workspace, git.Repo, Pin, Base]:
 
 def render(opts: Options, repo: git.Repo, pin: Pin, base: Base) -> Rendered:
     """Render every commit in memory and as commit objects; writes no files."""
-    series = load_series(opts.templates_dir)
+    series = load_series(opts.places.templates_dir)
     commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p),
                             base_label=pin.short,
                             extra_vars={"pin": pin})
@@ -100,10 +88,10 @@ def patch(opts: Options, log=print) -> dict:
     r = render(opts, repo, pin, base)
     with tempfile.TemporaryDirectory(prefix="mla-port-export-") as tmp:
         names = export_fresh(r, Path(tmp))
-        changed = series_mod.install(Path(tmp), opts.patches_dir)
-    log(f"{opts.patches_dir}: {len(names)} patches, "
+        changed = series_mod.install(Path(tmp), opts.places.patches_dir)
+    log(f"{opts.places.patches_dir}: {len(names)} patches, "
         f"{'updated' if changed else 'unchanged'}")
-    series_mod.verify_manifest(opts.patches_dir)
+    series_mod.verify_manifest(opts.places.patches_dir)
     state = ws.state()
     head_tree = gitutil.run(repo, "rev-parse", f"{r.head}^{{tree}}")
     current = gitutil.run(repo, "rev-parse", "HEAD")
@@ -112,7 +100,7 @@ def patch(opts: Options, log=print) -> dict:
         log(f"{ws.tree}: series already applied on branch {r.series.branch}")
     else:
         touched = {p for c in r.commits for p in c.files}
-        apply_series(ws, repo, base.sha, r.series, series_mod.read_series(opts.patches_dir),
+        apply_series(ws, repo, base.sha, r.series, series_mod.read_series(opts.places.patches_dir),
                      touched, head_tree)
         log(f"{ws.tree}: {len(names)} commits applied with `git am -3` on branch "
             f"{r.series.branch}")
@@ -132,4 +120,4 @@ def check(opts: Options, log=print) -> str:
     r = render(opts, cache_repo(), pin, base)
     with tempfile.TemporaryDirectory(prefix="mla-port-check-") as tmp:
         export_fresh(r, Path(tmp))
-        return series_mod.drift(Path(tmp), opts.patches_dir)
+        return series_mod.drift(Path(tmp), opts.places.patches_dir)

@@ -66,14 +66,6 @@ class CanaryOptions:
     baseline: Path | None = None    # a smoke report (e.g. of the pin) to compare the figures with
 
     @property
-    def templates_dir(self) -> Path:
-        return self.places.templates_dir
-
-    @property
-    def patches_dir(self) -> Path:
-        return self.places.patches_dir
-
-    @property
     def canary_dir(self) -> Path:
         # absolute: git runs inside the canary tree, where a relative path names something else
         return self.places.canary_dir.absolute()
@@ -174,7 +166,7 @@ def _anchor(opts: CanaryOptions, state: dict, log) -> dict:
 def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
     target: Target = state["target"]
     outcome = state["outcome"]
-    series = load_series(opts.templates_dir)
+    series = load_series(opts.places.templates_dir)
     patches = series_mod.read_series(opts.places.canary_patches)
     if ws.tree.exists() and not ws.state_path.is_file():
         raise PortError(f"{ws.tree} exists but was not created by llamacpp-mla-port",

@@ -223,7 +223,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", places: P
              "based_on": based_on,
              "commits": [c.message.split("\n", 1)[0] for c in rs.commits],
              "applies_alone": applied["applies_alone"], **stat}
-    entries = run_evidence(rs.stack, opts.templates_dir.parent, proof, opts.skip_evidence, log)
+    entries = run_evidence(rs.stack, opts.places.templates_dir.parent, proof, opts.skip_evidence, log)
     checks = {
         "patches_match": patches_match,
         **_commit_checks(commits, opts, "commits alone on the base"),
@@ -278,14 +278,6 @@ class PrOptions:
     bench_settings: BenchSettings = BenchSettings()
     stacks: tuple[str, ...] = ()         # only these stacks (default: all)
 
-    @property
-    def templates_dir(self) -> Path:
-        return self.places.templates_dir
-
-    @property
-    def patches_dir(self) -> Path:
-        return self.places.patches_dir
-
 
 def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log=print) -> dict:
     places = opts.places
@@ -305,7 +297,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log
     build_dir = Path(opts.build_dir) if opts.build_dir else project.build_in(places.pr_dir)
     if build is None and not opts.skip_build:
         build = commit_build(opts.jobs)
-    series = load_series(opts.templates_dir)
+    series = load_series(opts.places.templates_dir)
     unknown = sorted(set(opts.stacks) - {st.name for st in series.stacks})
     if unknown:
         raise SeriesError(f"no PR stack {', '.join(unknown)} in templates/port.toml",
@@ -350,7 +342,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log
     # the evidence folder is rewritten whole: stale files from an older run would mislead
     shutil.rmtree(evidence, ignore_errors=True)
     (evidence / "series").mkdir(parents=True)
-    for p in sorted(opts.patches_dir.iterdir()):
+    for p in sorted(opts.places.patches_dir.iterdir()):
         if p.is_file():
             shutil.copy2(p, evidence / "series" / p.name)
     upstream_info = {

@@ -274,16 +274,8 @@ class RebaseOptions:
 
     patches_out: Path | None = None      # canary: the series rendered at the new base goes here
 
-    @property
-    def templates_dir(self) -> Path:
-        return self.places.templates_dir
-
-    @property
-    def patches_dir(self) -> Path:
-        return self.places.patches_dir
-
     def target(self, pin: Pin, log=print) -> Target:
-        return resolve_target(self.onto, self.git_url, pin, self.templates_dir, self.tag, log=log)
+        return resolve_target(self.onto, self.git_url, pin, self.places.templates_dir, self.tag, log=log)
 
 
 def _moved_pin(pin: Pin, target: Target) -> Pin | None:
@@ -313,7 +305,7 @@ def _render_commits(repo: git.Repo, series: Series, base: Base, pin: Pin) -> lis
 def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outcome:
     """`target`: already resolved (the canary times that step on its own)."""
     pin = load_pin(opts.places.pin_file)
-    series = load_series(opts.templates_dir)
+    series = load_series(opts.places.templates_dir)
     target = target or opts.target(pin, log)
     rel = relation(pin, target)
     new_pin = _moved_pin(pin, target)
@@ -346,7 +338,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
 
     names = None
     try:
-        names = [n.name for n in series_mod.read_series(opts.patches_dir)]
+        names = [n.name for n in series_mod.read_series(opts.places.patches_dir)]
     except PortError:
         pass
     cache = obtain.cache_repo()
@@ -413,7 +405,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
                            head=new_shas[-1], stacks=tried)
         pin_path = opts.places.pin_file
         write_pin(pin_path, pin_text(pin, new_pin, pin_path.read_text()))
-        series_mod.install(Path(tmp), opts.patches_dir)
+        series_mod.install(Path(tmp), opts.places.patches_dir)
     if ws.tree.exists():
         try:
             # back to the old base first (the tree is clean and tool-owned: checked above):
