@@ -124,3 +124,11 @@ def test_mulmat_q8_0_block_order_at_the_draft_block(mulmat_check, q8_order, patc
     res = _run(mulmat_check, "q8_0", 7168, 64, 7, kernel=True)
     print(json.dumps(res))
     assert res["order_mismatch"] == 0 and res["n1_mismatch"] == 0 and res["max_ratio"] <= 1.0, res
+
+
+def test_mulmat_q8_0_column_blocks(mulmat_check, q8_order):
+    """Activations over several column blocks (`ggml-cpu : tinyBLAS_Q0_AVX over column blocks of
+    cached activations`: 4 MiB, 120 columns at K = 32768): whole blocks, a last block with a
+    partial tile (250 = 120 + 120 + 10) and with whole ones (256), rows off the 4-row tile."""
+    for n in (250, 256):
+        _check(mulmat_check, q8_order, "q8_0", 32768, 9, n, seed=n)

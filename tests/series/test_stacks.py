@@ -42,7 +42,7 @@ def _render_all(base, pin, out: Path, templates: Path = TEMPLATES_DIR) -> list:
 def test_every_commit_is_in_one_stack_and_the_stacks_cover_the_series():
     series = load_series(TEMPLATES_DIR)
     names = [s.name for s in series.stacks]
-    assert names == ["rpc", "pair-check", "mla-draft", "loader-probe", "cpu-q0-odd-columns",
+    assert names == ["rpc", "pair-check", "mla-draft", "loader-probe", "cpu-q0-odd-columns", "cpu-q0-column-blocks",
                      "cpu-fa-kv-head-tiles"]
     members = [slug for s in series.stacks for slug in s.commits]
     assert sorted(members) == sorted(c.slug for c in series.commits)
@@ -173,7 +173,7 @@ def test_the_canary_tries_every_stack_of_the_real_series(base, pin):
     tried = stacks.try_stacks(upstream.cache_repo(), load_series(TEMPLATES_DIR), base.sha, pin.tag,
                               {"pin": pin}, pin)
     assert [t["stack"] for t in tried] == ["rpc", "pair-check", "mla-draft", "loader-probe", "cpu-q0-odd-columns",
-                                           "cpu-fa-kv-head-tiles"]
+                                           "cpu-q0-column-blocks", "cpu-fa-kv-head-tiles"]
     assert all(t["ok"] and t["added"] > 0 for t in tried), tried
 
 

@@ -591,9 +591,9 @@ def test_make_canary_on_the_newest_known_upstream(tmp_path):
     assert proc.returncode == 0 and report["ok"], proc.stdout + proc.stderr[-3000:]
     for stage in ("obtain", "anchor", "apply", "build", "stacks", "proof"):
         assert re.search(rf"^  {stage} +ok ", proc.stdout, re.M), stage
-    assert [s["stack"] for s in report["stages"]["stacks"]["stacks"]] == ["rpc", "pair-check", "mla-draft",
-                                                                         "loader-probe", "cpu-q0-odd-columns",
-                                                                         "cpu-fa-kv-head-tiles"]
+    assert [s["stack"] for s in report["stages"]["stacks"]["stacks"]] == [
+        "rpc", "pair-check", "mla-draft", "loader-probe", "cpu-q0-odd-columns", "cpu-q0-column-blocks",
+        "cpu-fa-kv-head-tiles"]
     assert report["stages"]["anchor"]["found"] == report["stages"]["anchor"]["changes"]
     figures = report["stages"]["proof"]["figures"]
     assert figures["lossless_runs"]["identical"] == figures["lossless_runs"]["runs"] == 28
