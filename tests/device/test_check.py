@@ -155,6 +155,27 @@ def test_realsize_form_check_on_the_reduced_config(patched_tree, llama_build, tm
     assert ops == ["MUL_MAT"]
 
 
+def test_lossless_stage_quantized_draft_cache(patched_tree, llama_build, tmp_path):
+    """The lossless stage's quantized draft cache rows (`-ctkd q8_0 -ctvd q8_0`) on the CPU, on
+    a draft whose K head is whole Q8_0 blocks: greedy output still equals the target's, and
+    the F16 cache's counts for the same draft stand beside them."""
+    from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
+    from llamacpp_mla_port.proof.lossless import run_lossless
+
+    target = write_kimi_k3_target(llama_build, tmp_path / "kimi-k3-target.gguf")
+    rep = run_lossless(patched_tree, llama_build, tmp_path / "lossless", target, server=False,
+                       draft_lengths=(3,), n_prompts=2, log=lambda m: None,
+                       draft_cache=bundle.QUANTIZED_DRAFT_CACHE)
+    assert rep["n_mismatches"] == 0, rep["mismatches"]
+    [row] = rep["draft_cache"]
+    assert row["cache"] == "q8_0" and row["draft_max"] == 3
+    assert row["identical"] == row["f16_identical"] == row["of"] == 2
+    assert row["drafted"] > 0 and row["f16_drafted"] > 0 and 0 <= row["accepted"] <= row["drafted"]
+    md = report.format_report({"kind": "cuda", "figures_from_gpu": True, "lossless": rep, "stages": {}})
+    assert (f"| q8_0 | 3 | 2/2 | {row['drafted']} | {row['accepted']} | 2/2 | {row['f16_drafted']} | "
+            f"{row['f16_accepted']} |") in md
+
+
 # ---------------------------------------------------------------------------------------
 # bounds on another backend
 
@@ -192,6 +213,17 @@ def test_bounds_every_control_fails(mode):
     # and half the 1 % control passes only under the control limit's margin
     assert not judge.judge_mode(row, "cuda", mode["subtle"] / 1.5)["ok"]
     assert judge.judge_mode(row, "cuda", mode["subtle"] / 3)["ok"]
+
+
+def test_broadcast_form_judged_like_the_series_form():
+    """On CUDA the broadcast form's F32 parity meets the bound the parity stage judged for f32
+    (the device's first run read 8.1e-06 against the CPU's 1e-09 and failed)."""
+    judged = {"bound": 2.38e-05, "basis": "control limit"}
+    on_gpu = check.broadcast_parity_verdict("c", 8.06e-06, 1e-09, False, judged)
+    assert on_gpu["ok"] and on_gpu["bound"] == 2.38e-05
+    assert not check.broadcast_parity_verdict("c", 3e-05, 1e-09, False, judged)["ok"]     # control
+    on_cpu = check.broadcast_parity_verdict("c", 1e-10, 1e-09, True, None)
+    assert on_cpu["ok"] and on_cpu["bound"] == 1e-09
 
 
 def test_bounds_cost_and_chains_count():

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from llamacpp_mla_port.device.bundle import (CHECK_TARGETS, COMMON_CMAKE_ARGS, CUDA_CMAKE_ARGS, DEVICE_CALL,
-                                             DFLASH_SOURCE, GPU_DEVICE, PLACEMENT_ARGS, STAGE_NEEDS_S,
-                                             STAGES)
+                                             DFLASH_SOURCE, GPU_DEVICE, PLACEMENT_ARGS, QUANTIZED_DRAFT_CACHE,
+                                             STAGE_NEEDS_S, STAGES)
 from llamacpp_mla_port.device.judge import judge_parity
 from llamacpp_mla_port.device.report import format_report
 from llamacpp_mla_port.device.toolkit import cuda_toolkit_args
@@ -333,7 +333,8 @@ class Check:
         learned = manifest.get("lossless_prompts", 8) // 2
         rep = run_lossless(self.tree, self.build, ldir, self.work / "fixtures" / "kimi-k3-target.gguf",
                            draft_lengths=lengths, n_prompts=learned + (1 if self.dry_run else 2),
-                           threads=min(self.threads, 4), log=self.log, extra=PLACEMENT_ARGS)
+                           threads=min(self.threads, 4), log=self.log, extra=PLACEMENT_ARGS,
+                           draft_cache=QUANTIZED_DRAFT_CACHE)
         bigram_accepted = sum(r["accepted"] for r in rep["speculative_simple"] + rep["server"]
                               if r["draft"] == "bigram")
         rep["bigram_accepted"] = bigram_accepted
@@ -411,8 +412,8 @@ class Check:
                          embd.shape[1], embd.shape[0], configs=PARITY_CONFIGS[:1], modes=f32,
                          threads=min(self.threads, 4), log=self.log, devices=self.devices)
         row = res.report["modes"]["f32"]
-        return {"config": PARITY_CONFIGS[0].name, "worst_nmse": row["worst_nmse"], "bound": row["threshold"],
-                "ok": bool(res.passed)}
+        return broadcast_parity_verdict(PARITY_CONFIGS[0].name, row["worst_nmse"], row["threshold"], bool(res.passed),
+                                        self.report.get("parity", {}).get("modes", {}).get("f32") if self.cuda else None)
 
     def _bench(self, models: dict, tag: str, repeats: int, env: dict | None = None) -> dict:
         from llamacpp_mla_port.proof.run.processes import run_bounded
@@ -476,6 +477,18 @@ class Check:
             for p in picks:
                 if p.is_file() and p.stat().st_size < limit:
                     tar.add(p, arcname=str(p.relative_to(self.work)))
+
+
+def broadcast_parity_verdict(config: str, worst_nmse: float, cpu_bound: float, cpu_ok: bool,
+                             judged_f32: dict | None) -> dict:
+    """The broadcast form's F32 parity, judged like the series' own form: against the bound
+    the parity stage set for f32 on this backend (`judged_f32`, judge.judge_parity's row;
+    CUDA's F32 products are not the CPU's), else against the CPU bound."""
+    if judged_f32 is None:
+        return {"config": config, "worst_nmse": worst_nmse, "bound": cpu_bound, "basis": "CPU bound", "ok": cpu_ok}
+    return {"config": config, "worst_nmse": worst_nmse, "bound": judged_f32["bound"],
+            "basis": f"the parity stage's f32 bound ({judged_f32['basis']})",
+            "ok": worst_nmse <= judged_f32["bound"]}
 
 
 def _sha256(path: Path) -> str:

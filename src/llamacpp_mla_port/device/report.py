@@ -68,6 +68,14 @@ def format_report(r: dict) -> str:
                              f"{'on' if row['flash_attn'] else 'off'} | {row['p_min']} | "
                              f"{row['identical']}/{row['of']} | "
                              f"{row['drafted']} | {row['accepted']} |")
+        if ls.get("draft_cache"):
+            lines += ["", "Quantized draft K/V cache (the bigram-blocks draft, speculative-simple, FA on, p_min 0):", "",
+                      "| draft cache | k | identical | drafted | accepted | F16 cache: identical | drafted | accepted |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for row in ls["draft_cache"]:
+                lines.append(f"| {row['cache']} | {row['draft_max']} | {row['identical']}/{row['of']} | "
+                             f"{row['drafted']} | {row['accepted']} | {row['f16_identical']}/{row['of']} | "
+                             f"{row['f16_drafted']} | {row['f16_accepted']} |")
         lines += ["", f"Mismatches: {ls.get('n_mismatches')}; bigram draft accepted "
                       f"{ls.get('bigram_accepted')} tokens.", ""]
     if "realsize" in r:
@@ -92,7 +100,7 @@ def format_report(r: dict) -> str:
             pp = rs.get("broadcast_parity_f32", {})
             lines += ["", f"Permuted (the series) / broadcast = {rs['permuted_over_broadcast']:.3f} "
                           f"(faster: {rs['faster_form']}); the broadcast build's F32 parity ({pp.get('config')}): NMSE {_fmt(pp.get('worst_nmse'))} "
-                          f"<= {_fmt(pp.get('bound'), '.0e')}: {'ok' if pp.get('ok') else 'FAIL'}."]
+                          f"<= {_fmt(pp.get('bound'), '.2e')} ({pp.get('basis', 'CPU bound')}): {'ok' if pp.get('ok') else 'FAIL'}."]
         lines.append("")
     lines.append(f"Overall: {'ok' if r.get('ok') else 'NOT ok'}.")
     return "\n".join(lines) + "\n"

@@ -192,9 +192,17 @@ def bigram_table(seqs) -> dict[int, int]:
     return {a: max(nexts, key=nexts.get) for a, nexts in counts.items()}
 
 
+#: the draft of the quantized draft cache rows: a latent and a rope part of whole Q8_0 / Q4_0
+#: blocks (32), which llama.cpp needs of a quantized K cache and of V, its view (the tiny
+#: default's K head, 16 + 8, is refused)
+BLOCK_DRAFT_CONFIG = {"kv_lora_rank": 32, "qk_rope_head_dim": 32}
+
+
 def write_lossless_draft(tree: Path, work: Path, name: str, hidden: int, vocab: int, target_layer_ids,
-                         bigrams: dict[int, int] | None, strength: float = 40.0, seed: int = 0) -> Path:
-    """Convert a random K3 DSpark checkpoint (optionally with a bigram Markov head) to GGUF."""
+                         bigrams: dict[int, int] | None, strength: float = 40.0, seed: int = 0,
+                         config: dict | None = None) -> Path:
+    """Convert a random K3 DSpark checkpoint (optionally with a bigram Markov head) to GGUF;
+    `config` overrides the tiny config's keys."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -207,7 +215,7 @@ def write_lossless_draft(tree: Path, work: Path, name: str, hidden: int, vocab: 
     if out.is_file():
         return out
     config = k3_dspark_config(hidden_size=hidden, vocab_size=vocab, target_layer_ids=list(target_layer_ids),
-                              markov_rank=vocab if bigrams is not None else 8)
+                              markov_rank=vocab if bigrams is not None else 8, **(config or {}))
     ckpt = write_parity_checkpoint(base / "checkpoint", config, seed=seed, dtype="float32")
     if bigrams is not None:
         path = ckpt / "model.safetensors"
@@ -237,7 +245,7 @@ class LosslessPair:
     """The deep tiny Kimi-K3 target, its drafts and the target-alone texts of the prompts."""
 
     target: Path
-    drafts: dict[str, Path]            # "bigram" (partly accepted), "random" (acceptance ~0)
+    drafts: dict[str, Path]            # "bigram" (partly accepted), "random" (acceptance ~0), "bigram-blocks"
     prompts: list[str]
     alone: dict[str, tuple[str, str]]  # prompt -> (llama-simple's text, the continuation's text)
     bigram_entries: int
@@ -264,6 +272,8 @@ def prepare_pair(tree: Path, build: Path, work: Path, base_target: Path, n_promp
     makers = {
         "bigram": lambda: write_lossless_draft(tree, work, "draft-bigram", hidden, vocab, taps, bigrams),
         "random": lambda: write_lossless_draft(tree, work, "draft-random", hidden, vocab, taps, None),
+        "bigram-blocks": lambda: write_lossless_draft(tree, work, "draft-bigram-blocks", hidden, vocab, taps, bigrams,
+                                                      config=BLOCK_DRAFT_CONFIG),
     }
     drafts = {name: makers[name]() for name in draft_names}
     alone = {}
@@ -283,12 +293,16 @@ def _matrix(draft_lengths, p_min_on: float):
 
 def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server: bool = True, simple: bool = True,
                  draft_lengths=(1, 3, 7), p_min_on: float = 0.5, n_prompts: int = 20, threads: int = 2,
-                 log=print, extra=()) -> dict:
+                 log=print, extra=(), draft_cache: str | None = None) -> dict:
     """The whole lossless matrix; every mismatch is listed in the report (`n_mismatches`).
     `extra` goes last on every speculative-simple and server command line (placement, e.g.
-    `-ngl 99 -ngld 99` for target and draft on a GPU)."""
+    `-ngl 99 -ngld 99` for target and draft on a GPU). `draft_cache` (a cache type, e.g.
+    q8_0) adds speculative-simple rows of the bigram-blocks draft with that draft K/V cache
+    (`-ctkd`/`-ctvd`) and with an F16 one, flash attention on, p_min 0: a quantized draft
+    cache must stay lossless, and its acceptance is reported beside the F16 cache's."""
     t0 = time.monotonic()
-    pair = prepare_pair(tree, build, work, base_target, n_prompts)
+    names = ("bigram", "random", "bigram-blocks") if draft_cache else ("bigram", "random")
+    pair = prepare_pair(tree, build, work, base_target, n_prompts, draft_names=names)
     prompts, target, drafts, alone = pair.prompts, pair.target, pair.drafts, pair.alone
 
     report: dict = {"n_prompts": len(prompts), "n_predict": N_PREDICT, "bigram_entries": pair.bigram_entries,
@@ -314,6 +328,28 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
                                              "accepted": accepted})
         log(f"lossless speculative-simple {dname} k={k} fa={'on' if fa else 'off'} p_min={p_min}: "
             f"{ok}/{len(prompts)} identical, drafted {drafted}, accepted {accepted}")
+    if simple and draft_cache:
+        report["draft_cache"] = []
+        for k in draft_lengths:
+            row: dict = {"draft": "bigram-blocks", "cache": draft_cache, "draft_max": k, "of": len(prompts)}
+            for cache, key in (("f16", "f16_"), (draft_cache, "")):
+                drafted = accepted = ok = 0
+                for p in prompts:
+                    r = speculative_simple(build, target, drafts["bigram-blocks"], p, k, True, 0.0, threads=threads,
+                                           extra=(*extra, "-ctkd", cache, "-ctvd", cache))
+                    drafted += r.n_drafted
+                    accepted += r.n_accepted
+                    if same_greedy_output(r.text, alone[p][0]):
+                        ok += 1
+                    else:
+                        mismatches.append(f"speculative-simple bigram-blocks k={k} draft cache {cache}: {p!r}: "
+                                          f"{r.text!r} != {alone[p][0]!r}")
+                row.update({f"{key}identical": ok, f"{key}drafted": drafted, f"{key}accepted": accepted})
+            report["draft_cache"].append(row)
+            log(f"lossless speculative-simple bigram-blocks k={k} draft cache {draft_cache}: "
+                f"{row['identical']}/{len(prompts)} identical, drafted {row['drafted']}, accepted "
+                f"{row['accepted']} (f16 cache: {row['f16_identical']} identical, {row['f16_drafted']}, "
+                f"{row['f16_accepted']})")
     if server:
         for dname, (k, fa, p_min) in plan:
             srv = Server(build, target, drafts[dname], k, fa, p_min,
