@@ -238,7 +238,7 @@ def make_fixtures(tree: Path, build: Path, dest: Path, n_prompts: int, log=print
     """The tiny fixtures that need the pinned converter, made here (the device reuses them):
     the Kimi-K3 target, every parity checkpoint + draft, the lossless drafts."""
     from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-    from llamacpp_mla_port.proof.lossless import prepare_pair
+    from llamacpp_mla_port.proof.lossless import ALL_DRAFTS, prepare_pair
     from llamacpp_mla_port.proof.parity import MODES, PARITY_CONFIGS, make_draft
     from llamacpp_mla_port.proof.reference.model import read_target_head
 
@@ -253,7 +253,7 @@ def make_fixtures(tree: Path, build: Path, dest: Path, n_prompts: int, log=print
     for tok in (dest / "parity").glob("*/target-tokenizer"):
         shutil.rmtree(tok)
     scratch = dest.parent / "lossless-scratch"
-    pair = prepare_pair(tree, build, scratch, target, n_prompts, draft_names=("bigram", "random", "bigram-blocks"))
+    pair = prepare_pair(tree, build, scratch, target, n_prompts, draft_names=ALL_DRAFTS)
     for name, draft in pair.drafts.items():
         (dest / "lossless" / f"draft-{name}").mkdir(parents=True, exist_ok=True)
         shutil.copy2(draft, dest / "lossless" / f"draft-{name}" / "draft.gguf")

@@ -196,13 +196,16 @@ def bigram_table(seqs) -> dict[int, int]:
 #: blocks (32), which llama.cpp needs of a quantized K cache and of V, its view (the tiny
 #: default's K head, 16 + 8, is refused)
 BLOCK_DRAFT_CONFIG = {"kv_lora_rank": 32, "qk_rope_head_dim": 32}
+#: the lossless drafts: the matrix's two, and with a quantized draft cache the block one
+MATRIX_DRAFTS = ("bigram", "random")
+ALL_DRAFTS = (*MATRIX_DRAFTS, "bigram-blocks")
 
 
 def write_lossless_draft(tree: Path, work: Path, name: str, hidden: int, vocab: int, target_layer_ids,
                          bigrams: dict[int, int] | None, strength: float = 40.0, seed: int = 0,
-                         config: dict | None = None) -> Path:
+                         overrides: dict | None = None) -> Path:
     """Convert a random K3 DSpark checkpoint (optionally with a bigram Markov head) to GGUF;
-    `config` overrides the tiny config's keys."""
+    `overrides` replaces keys of the tiny config."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -215,7 +218,7 @@ def write_lossless_draft(tree: Path, work: Path, name: str, hidden: int, vocab: 
     if out.is_file():
         return out
     config = k3_dspark_config(hidden_size=hidden, vocab_size=vocab, target_layer_ids=list(target_layer_ids),
-                              markov_rank=vocab if bigrams is not None else 8, **(config or {}))
+                              markov_rank=vocab if bigrams is not None else 8, **(overrides or {}))
     ckpt = write_parity_checkpoint(base / "checkpoint", config, seed=seed, dtype="float32")
     if bigrams is not None:
         path = ckpt / "model.safetensors"
@@ -252,7 +255,7 @@ class LosslessPair:
 
 
 def prepare_pair(tree: Path, build: Path, work: Path, base_target: Path, n_prompts: int = 20,
-                 draft_names=("bigram", "random")) -> LosslessPair:
+                 draft_names=MATRIX_DRAFTS) -> LosslessPair:
     """Target, drafts (the bigram draft learns from HALF the prompts) and target-alone texts."""
     from llamacpp_mla_port.proof.run.programs import compile_program
     from llamacpp_mla_port.proof.reference.model import read_target_head
@@ -273,7 +276,7 @@ def prepare_pair(tree: Path, build: Path, work: Path, base_target: Path, n_promp
         "bigram": lambda: write_lossless_draft(tree, work, "draft-bigram", hidden, vocab, taps, bigrams),
         "random": lambda: write_lossless_draft(tree, work, "draft-random", hidden, vocab, taps, None),
         "bigram-blocks": lambda: write_lossless_draft(tree, work, "draft-bigram-blocks", hidden, vocab, taps, bigrams,
-                                                      config=BLOCK_DRAFT_CONFIG),
+                                                      overrides=BLOCK_DRAFT_CONFIG),
     }
     drafts = {name: makers[name]() for name in draft_names}
     alone = {}
@@ -301,8 +304,8 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
     (`-ctkd`/`-ctvd`) and with an F16 one, flash attention on, p_min 0: a quantized draft
     cache must stay lossless, and its acceptance is reported beside the F16 cache's."""
     t0 = time.monotonic()
-    names = ("bigram", "random", "bigram-blocks") if draft_cache else ("bigram", "random")
-    pair = prepare_pair(tree, build, work, base_target, n_prompts, draft_names=names)
+    pair = prepare_pair(tree, build, work, base_target, n_prompts,
+                        draft_names=ALL_DRAFTS if draft_cache else MATRIX_DRAFTS)
     prompts, target, drafts, alone = pair.prompts, pair.target, pair.drafts, pair.alone
 
     report: dict = {"n_prompts": len(prompts), "n_predict": N_PREDICT, "bigram_entries": pair.bigram_entries,
