@@ -128,7 +128,14 @@ def test_mulmat_q8_0_block_order_at_the_draft_block(mulmat_check, q8_order, patc
 
 def test_mulmat_q8_0_column_blocks(mulmat_check, q8_order):
     """Activations over several column blocks (`ggml-cpu : tinyBLAS_Q0_AVX over column blocks of
-    cached activations`: 4 MiB, 120 columns at K = 32768): whole blocks, a last block with a
-    partial tile (250 = 120 + 120 + 10) and with whole ones (256), rows off the 4-row tile."""
+    cached activations`, its block size from the series' own variable): a last block with a
+    partial tile (250) and with whole ones (256), three blocks each, rows off the 4-row tile."""
+    from llamacpp_mla_port.series.spec import load_series
+    from tests.helpers import TEMPLATES
+
+    [commit] = [c for c in load_series(TEMPLATES).commits if c.stack == "cpu-q0-column-blocks"]
+    block_bytes = commit.vars["q0_column_block_mib"] * 2**20
+    columns = max(4, block_bytes // (32768 // 32 * 34) // 4 * 4)     # Q8_0: 34 bytes per 32 values
+    assert 2 * columns < 250 <= 3 * columns and 250 % columns % 4 != 0 and 256 % columns % 4 == 0, columns
     for n in (250, 256):
         _check(mulmat_check, q8_order, "q8_0", 32768, 9, n, seed=n)
