@@ -315,17 +315,22 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
     # the bigram draft runs the whole matrix; the random one (acceptance ~0) a corner of it
     plan = [("bigram", c) for c in _matrix(draft_lengths, p_min_on)]
     plan += [("random", (k, False, 0.0)) for k in draft_lengths[-2:]]
-    for dname, (k, fa, p_min) in (plan if simple else []):
+
+    def simple_over_prompts(draft: Path, k: int, fa: bool, p_min: float, label: str, args=extra):
+        """speculative-simple on every prompt: (identical, drafted, accepted); mismatches listed."""
         drafted = accepted = ok = 0
         for p in prompts:
-            r = speculative_simple(build, target, drafts[dname], p, k, fa, p_min, threads=threads, extra=extra)
+            r = speculative_simple(build, target, draft, p, k, fa, p_min, threads=threads, extra=args)
             drafted += r.n_drafted
             accepted += r.n_accepted
             if same_greedy_output(r.text, alone[p][0]):
                 ok += 1
             else:
-                mismatches.append(f"speculative-simple {dname} k={k} fa={fa} p_min={p_min}: {p!r}: "
-                                  f"{r.text!r} != {alone[p][0]!r}")
+                mismatches.append(f"speculative-simple {label}: {p!r}: {r.text!r} != {alone[p][0]!r}")
+        return ok, drafted, accepted
+
+    for dname, (k, fa, p_min) in (plan if simple else []):
+        ok, drafted, accepted = simple_over_prompts(drafts[dname], k, fa, p_min, f"{dname} k={k} fa={fa} p_min={p_min}")
         report["speculative_simple"].append({"draft": dname, "draft_max": k, "flash_attn": fa, "p_min": p_min,
                                              "identical": ok, "of": len(prompts), "drafted": drafted,
                                              "accepted": accepted})
@@ -336,17 +341,9 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
         for k in draft_lengths:
             row: dict = {"draft": "bigram-blocks", "cache": draft_cache, "draft_max": k, "of": len(prompts)}
             for cache, key in (("f16", "f16_"), (draft_cache, "")):
-                drafted = accepted = ok = 0
-                for p in prompts:
-                    r = speculative_simple(build, target, drafts["bigram-blocks"], p, k, True, 0.0, threads=threads,
-                                           extra=(*extra, "-ctkd", cache, "-ctvd", cache))
-                    drafted += r.n_drafted
-                    accepted += r.n_accepted
-                    if same_greedy_output(r.text, alone[p][0]):
-                        ok += 1
-                    else:
-                        mismatches.append(f"speculative-simple bigram-blocks k={k} draft cache {cache}: {p!r}: "
-                                          f"{r.text!r} != {alone[p][0]!r}")
+                ok, drafted, accepted = simple_over_prompts(drafts["bigram-blocks"], k, True, 0.0,
+                                                            f"bigram-blocks k={k} draft cache {cache}",
+                                                            args=(*extra, "-ctkd", cache, "-ctvd", cache))
                 row.update({f"{key}identical": ok, f"{key}drafted": drafted, f"{key}accepted": accepted})
             report["draft_cache"].append(row)
             log(f"lossless speculative-simple bigram-blocks k={k} draft cache {draft_cache}: "
