@@ -7,7 +7,7 @@ rows off the 4-row tile, strided per-head activations.
 Bound, from the accumulation order: |y - y64| <= gamma_n * sum_k |w_k x_k|, u = 2^-24; Q8_0 in
 ggml_vec_dot_q8_0_q8_0's block order (which tinyBLAS_Q0_AVX keeps) n = K/32 + 3, any other
 order n = K + 1. Where the build has AVX2, FMA and F16C (its compiled features, not the CPU's;
-with or without AVX-512: the series' 512-bit column pairs keep the 256-bit tile's lanes), every
+with or without AVX-512: tinyBLAS_Q0_AVX's tiles are 256-bit on both), every
 Q8_0 output must also equal that block order bit for bit: an output a tile skipped or computed
 twice fails there; and, vec_dot and the tiles sharing that order, every Q8_0 column must equal
 the same column multiplied alone (N = 1). Controls: a reference with a perturbed
