@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,42 @@ def test_rebase_report_is_the_lenient_walk(tmp_path):
     assert reports[0].candidates == ["3: x();", "7: x();"]
     assert reports[0].title == "src : a change" and reports[2].patch == "0002"
     assert "not found in src/a.cpp at b2" in reports[2].message
+
+
+# ------------------------------------------------------------------------------ candidates
+#: the anchor 21-model-dflash-mla-backbone replaced once, upstream's reordering of it, and the
+#: lines that share most of its characters
+REORDERED = ("    if (tok_embd == nullptr) {\n        return;\n    }\n    if (output == nullptr) {\n"
+             "        output = tok_embd;\n    }\n    if (tok_embd == nullptr) {\n"
+             "    if (tok_embd != nullptr && output == nullptr) {\n")
+
+
+def test_tokens_are_names_numbers_literals_and_operators():
+    assert anchors.tokens("if (output == nullptr && tok_embd != nullptr) {") == [
+        "if", "(", "output", "==", "nullptr", "&&", "tok_embd", "!=", "nullptr", ")", "{"]
+    assert anchors.tokens('res->t_layer_inp[il]=inpL; // "a b" 1.5f') == [
+        "res", "->", "t_layer_inp", "[", "il", "]", "=", "inpL", ";", "//", '"a b"', "1.5f"]
+    assert anchors.tokens("a = b") == anchors.tokens("a=b") != anchors.tokens("a == b")
+
+
+def test_a_reordered_condition_is_the_first_candidate():
+    anchor = "    if (output == nullptr && tok_embd != nullptr) {\n"
+    miss = anchors.locate(_change(anchor), REORDERED)
+    assert isinstance(miss, Miss) and miss.status == "anchor-missing"
+    assert miss.candidates[0] == "8: if (tok_embd != nullptr && output == nullptr) {"
+    assert len(miss.candidates) == 3
+    # the control: by characters alone (difflib, as the candidates were ranked before), the
+    # reordered line comes last of the four `if` lines
+    by_chars = sorted((ln.strip() for ln in REORDERED.splitlines() if ln.strip().startswith("if")),
+                      key=lambda ln: -difflib.SequenceMatcher(None, anchor.strip(), ln, autojunk=False).ratio())
+    assert by_chars[-1] == "if (tok_embd != nullptr && output == nullptr) {"
+
+
+def test_a_renamed_variable_and_respaced_line_is_the_first_candidate():
+    text = ("        res->t_embd[il] = inpL;\n        res->t_layer_out[il] = cur;\n"
+            "        res->t_layer_inp [il]=inp_l;\n        ggml_tensor * inpSA = inpL;\n")
+    miss = anchors.locate(_change("        res->t_layer_inp[il] = inpL;\n"), text)
+    assert miss.candidates[0] == "3: res->t_layer_inp [il]=inp_l;"
+    # the message render and rebase print names it first too
+    assert "nearest candidate lines: 3: res->t_layer_inp [il]=inp_l;" in miss.error(
+        _change("        res->t_layer_inp[il] = inpL;\n"), text, "b1").message

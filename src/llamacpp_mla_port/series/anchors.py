@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from llamacpp_mla_port.errors import AnchorError
@@ -31,24 +32,48 @@ def line_of(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
+#: a token of a source line: a string or char literal, an identifier or number, a two- or
+#: three-character operator, or any other single non-blank character
+_TOKEN = re.compile(r""""(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|[A-Za-z_]\w*|\d[\w.]*"""
+                    r"|\.\.\.|->\*?|::|<<=|>>=|[=!<>+\-*/%&|^]=|&&|\|\||<<|>>|\+\+|--|\*\*|//|\S")
+
+
+def tokens(line: str) -> list[str]:
+    """The line's tokens (identifiers, numbers, literals, operators): blanks between them do
+    not count, blanks inside a literal do."""
+    return _TOKEN.findall(line)
+
+
+def token_similarity(a: Counter, b: Counter) -> float:
+    """How much two lines share their tokens, order aside: the Dice coefficient of the two
+    multisets (1.0: the same tokens, reordered or respaced)."""
+    total = sum(a.values()) + sum(b.values())
+    return 2.0 * sum((a & b).values()) / total if total else 0.0
+
+
 def nearest_lines(text: str, anchor: str, limit: int = 3) -> list[str]:
-    """The lines of `text` most similar to the anchor's first non-blank line."""
+    """The lines of `text` most like the anchor's first non-blank line, as "LINE: text": scored
+    by their tokens (order-insensitive: a reordered condition or a renamed variable keeps most
+    of them) and by their characters (difflib), half each."""
     first = next((ln.strip() for ln in anchor.splitlines() if ln.strip()), anchor.strip())
-    lines = text.splitlines()
+    want = Counter(tokens(first))
     scored = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
+    for no, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
             continue
-        ratio = difflib.SequenceMatcher(None, first, line.strip(), autojunk=False).quick_ratio()
-        if ratio >= 0.5:
-            scored.append((ratio, no, line))
+        by_tokens = token_similarity(want, Counter(tokens(line)))
+        # quick_ratio bounds the character ratio from above: cheap, and enough to sort out
+        quick = difflib.SequenceMatcher(None, first, line, autojunk=False).quick_ratio()
+        if max(by_tokens, quick) >= 0.5:
+            scored.append(((by_tokens + quick) / 2, no, line, by_tokens))
     scored.sort(key=lambda t: (-t[0], t[1]))
     best = []
-    for ratio, no, line in scored[: limit * 8]:
-        real = difflib.SequenceMatcher(None, first, line.strip(), autojunk=False).ratio()
-        best.append((real, no, line))
+    for _, no, line, by_tokens in scored[: limit * 8]:
+        chars = difflib.SequenceMatcher(None, first, line, autojunk=False).ratio()
+        best.append(((by_tokens + chars) / 2, no, line))
     best.sort(key=lambda t: (-t[0], t[1]))
-    return [f"{no}: {line.strip()}" for _, no, line in best[:limit]]
+    return [f"{no}: {line}" for _, no, line in best[:limit]]
 
 
 def scope(change: Change, text: str) -> tuple[int, int]:
