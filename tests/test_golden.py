@@ -19,7 +19,8 @@ from llamacpp_mla_port.cli import main
 from llamacpp_mla_port.proof.smoke import proof_summary
 from llamacpp_mla_port.series.spec import Evidence, Stack
 from llamacpp_mla_port.upstreaming import canary, pr, pr_docs, walkthrough
-from llamacpp_mla_port.upstreaming.rebase import MERGED, ChangeReport, Outcome, _failure_text, format_text
+from llamacpp_mla_port.upstreaming.identity import Identity
+from llamacpp_mla_port.upstreaming.rebase import MERGED, PROBABLE, ChangeReport, Outcome, _failure_text, format_text
 from tests.helpers import golden
 from tests.helpers.doctor_gguf import write_mla_draft, write_seed_card_file, write_target
 from tests.helpers.golden import GOLDEN_DIR, assert_golden, scrub
@@ -29,8 +30,8 @@ NAMES = {
     "doctor": ("doctor/good-draft-verbose.txt", "doctor/seed-card.txt", "doctor/seed-card-fixed.txt",
                "doctor/pair-warnings.txt", "doctor/pair-n-embd-mismatch.txt"),
     "rebase": ("rebase/rebased.txt", "rebase/conflict.txt", "rebase/merged-upstream.txt",
-               "rebase/stack-conflict.txt"),
-    "canary": ("canary/ok.txt", "canary/build-fails.txt"),
+               "rebase/stack-conflict.txt", "rebase/review.txt"),
+    "canary": ("canary/ok.txt", "canary/build-fails.txt", "canary/review.txt"),
     "pr": ("pr/EVIDENCE.md", "pr/DESCRIPTION-SKELETON.md", "pr/DESCRIPTION-SKELETON-no-template.md",
            "pr/CHECKLIST.md", "pr/evidence-CHECKLIST.md", "pr/WALKTHROUGH.md", "pr/upstream-bench.md"),
 }
@@ -176,7 +177,8 @@ def test_rebase_text_of_a_rebase_with_moved_anchors():
                 patches=["0001-gguf-py-add-the-MLA-DSpark-draft-tensors.patch",
                          "0002-model-load-the-MLA-DSpark-draft.patch"],
                 notes=["the pin and patches/ moved, but the work tree work/llama.cpp was not re-applied "
-                       "(uncommitted changes): run `make patch`"])
+                       "(uncommitted changes): run `make patch`"],
+                tree_identity=Identity(checked=True, commits=2, files=3))
     assert_golden("rebase/rebased.txt", format_text(o) + "\n")
 
 
@@ -223,8 +225,36 @@ def test_rebase_text_of_a_canary_whose_stack_does_not_apply_alone():
                "ok": False, "message": "0002-model-load-the-MLA-DSpark-draft.patch does not apply alone: "
                                        "src/llama-arch.cpp:77", "hint": "base it on gguf-py (depends)"}]
     o = Outcome(ok=False, status="stack-conflict", old=OLD, onto=ONTO, relation="descendant", changes=changes,
-                stacks=stacks)
+                stacks=stacks, tree_identity=Identity(checked=True, commits=2, files=3))
     assert_golden("rebase/stack-conflict.txt", format_text(o) + "\n")
+
+
+def test_the_text_report_of_a_canary_that_leaves_something_to_review():
+    """One change probably merged upstream in its own words, one region where the series' effect
+    changed: each is named with its commit, file and line, and the last line says review."""
+    hit = {"line": 280, "text": "res->t_layer_inp[il] = inpL;", "ours": "res->t_layer_inp[il] = inpL;"}
+    changes = [
+        ChangeReport(commit="22-model-kimi-k3-layer-inputs", title="model : record the Kimi-K3 layer inputs",
+                     patch="0009-model-record-the-Kimi-K3-layer-inputs.patch", change="series/22/commit.toml change #1",
+                     file="src/models/kimi-k3.cpp", placement="before", status=PROBABLE, line=282, old_line=280,
+                     present=0, upstream_lines=[hit],
+                     message="a line it adds already stands near the anchor (line 282) upstream: line 280: "
+                             "'res->t_layer_inp[il] = inpL;'; merged in upstream's own words? If so, drop the "
+                             "change; if not, keep it"),
+        ChangeReport(commit="21-model-dflash-mla-backbone", title="model : add an MLA backbone",
+                     patch="0008-model-add-an-MLA-backbone.patch", change="series/21/commit.toml change #1",
+                     file="src/models/dflash.cpp", placement="replace", status="ok", line=190, old_line=184),
+    ]
+    region = {"commit": "21-model-dflash-mla-backbone", "patch": "0008-model-add-an-MLA-backbone.patch",
+              "title": "model : add an MLA backbone", "file": "src/models/dflash.cpp", "side": "series",
+              "old_line": 184, "new_line": 1021, "lines": ["-    if (dspark) {", "+    if (dspark) {"], "count": 2}
+    o = Outcome(ok=False, status="canary-review", old={"commit": None, "tag": "b11434", "tree": "27d5f643d32b" * 3},
+                onto={"commit": None, "tag": "b11500", "tree": "112233445566" * 3}, relation="descendant",
+                changes=changes, tree_identity=Identity(checked=True, commits=16, files=34, regions=[region]))
+    assert_golden("rebase/review.txt", format_text(o) + "\n")
+    assert o.verdict == "review" and o.to_json()["verdict_line"].startswith(
+        "REVIEW on b11500: 1 change(s) probably merged upstream in upstream's own words: 0009 "
+        "[series/22-model-kimi-k3-layer-inputs] src/models/kimi-k3.cpp:280: 'res->t_layer_inp[il] = inpL;'")
 
 
 # ------------------------------------------------------------------------------- canary
@@ -269,6 +299,40 @@ def test_canary_stage_lines_of_a_run_that_fails_to_build(tmp_path):
                "proof": {"ok": None, "skipped": "the build stage failed"}}
     text = "".join(canary.stage_line(name, e) + "\n" for name, e in entries.items())
     assert_golden("canary/build-fails.txt", scrub(text, {tmp_path: "<tmp>"}))
+
+
+def test_the_canary_summary_puts_the_verdict_first(tmp_path):
+    """The three verdicts, as `make canary` prints them (a report shaped as run_canary writes it)."""
+    region = {"commit": "21-model-dflash-mla-backbone", "patch": "0008-model-add-an-MLA-backbone.patch",
+              "title": "model : add an MLA backbone", "file": "src/models/dflash.cpp", "side": "series",
+              "old_line": 184, "new_line": 1021, "lines": ["-    if (dspark) {", "+    if (dspark) {"], "count": 2}
+    flagged = {"commit": "22-model-kimi-k3-layer-inputs", "patch": "0009-model-record-the-Kimi-K3-layer-inputs.patch",
+               "file": "src/models/kimi-k3.cpp", "line": 282,
+               "upstream_lines": [{"line": 280, "text": "res->t_layer_inp[il] = inpL;",
+                                   "ours": "res->t_layer_inp[il] = inpL;"}]}
+    ident = {"checked": True, "commits": 16, "files": 34, "regions": [region], "note": ""}
+    anchor = {"ok": True, "seconds": 21.0, "changes": 91, "found": 91, "moved": 3, "relation": "descendant",
+              "notes": [], "stacks": [{"stack": "rpc", "ok": True}], "probably_merged": [flagged],
+              "tree_identity": ident}
+    skipped = {"ok": None, "skipped": "not asked (--no-proof)"}
+    report = {"ok": False, "verdict": "review", "stage": "ok", "seconds": 80.5,
+              "review": {"probably_merged": [flagged], "tree_identity": ident},
+              "stages": {"obtain": {"ok": True, "seconds": 3.4, "label": "b11500", "build": 11500,
+                                    "source": "sdist", "tree": "1122334455667788990011223344556677889900"},
+                         "anchor": anchor, "apply": {"ok": True, "seconds": 1.2, "patches": 16, "head": "ab" * 20},
+                         "build": {"ok": True, "seconds": 54.7, "targets": ["llama-server"]},
+                         "stacks": {"ok": None, "skipped": "not asked (--build-stacks)"}, "proof": skipped}}
+    text = "\n".join(canary.summary_lines(report, "b11500", Path("work-canary/canary.json"))) + "\n"
+    assert_golden("canary/review.txt", text)
+    assert text.startswith("canary: REVIEW on b11500: ")
+    ok = {**report, "ok": True, "verdict": "ok", "review": {"probably_merged": [], "tree_identity": {
+        **ident, "regions": []}}}
+    assert canary.summary_lines(ok, "b11500", Path("c.json"))[0] == (
+        "canary: OK on b11500: the series renders, applies, builds (no proof); tree identity holds (34 files) (80.5 s)")
+    failed = {**report, "verdict": "failed", "stage": "build",
+              "failure": {"stage": "build", "message": "x.cpp:1: boom"}}
+    assert canary.summary_lines(failed, "b11500", Path("c.json"))[0] == (
+        "canary: FAILED at build on b11500: x.cpp:1: boom (80.5 s)")
 
 
 # ------------------------------------------------------------------------------- make pr

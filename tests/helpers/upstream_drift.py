@@ -3,7 +3,9 @@
 The "upstream" is a bare repository borrowing the cache's objects (alternates), so each
 drift commit costs a few blobs; the cache is a `--mirror --local` copy of the user cache
 (hard links), so nothing here writes to the real one. The series is a small one of the
-tests' own (a gguf-py list entry and a C++ replace), independent of templates/ in flux.
+tests' own (a gguf-py list entry and a C++ replace), independent of templates/ in flux, or
+the project's own: its drift is derived from the series at test time (`met_changes` and the
+edits after it), so a renumbered or rewritten series still gets the same kinds of drift.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import git
@@ -18,12 +21,16 @@ import pytest
 
 from llamacpp_mla_port import project
 from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.cli import main
 from llamacpp_mla_port.series import pipeline
+from llamacpp_mla_port.series.anchors import Located, tokens
+from llamacpp_mla_port.series.render import Step, walk_series
+from llamacpp_mla_port.series.spec import Change, load_series
 from llamacpp_mla_port.source import obtain
+from llamacpp_mla_port.source.pin import load_pin
+from llamacpp_mla_port.upstreaming import own_words
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
-from llamacpp_mla_port.cli import main
-from llamacpp_mla_port.source.pin import load_pin
 
 GGUF = "gguf-py/gguf/constants.py"
 GRAPH = "src/llama-graph.cpp"
@@ -225,3 +232,122 @@ class Project:
             snap["status"] = gitutil.run(tree, "status", "--porcelain")
             snap["state"] = (tree / ".git" / "llamacpp-mla-port.json").read_text()
         return snap
+
+
+# ------------------------------------------------------------------------------ the real series
+# Drift of the project's own series, derived from it at test time (never a fixed patch number,
+# subject or anchor): the changes are met as the engine's lenient walk meets them at the base.
+@dataclass(frozen=True)
+class Met:
+    """A change of the series as the walk meets it at the pinned base."""
+    index: int           # the commit's place in the series (0: the first patch)
+    slug: str
+    change: Change
+    rendered: str        # what it inserts (or what replaces its anchor)
+    base: str            # its file at the base (where the anchor stands once, as in the walk's text)
+
+    @property
+    def anchor_line(self) -> str:
+        return self.change.anchor
+
+
+def met_changes(templates: Path, world: World) -> list[Met]:
+    """Every change the series walk locates at the base with a one-line literal anchor (no
+    `within`) that stands once in its file, before the series and as the change meets it, and
+    that no other change's patterns contain: moving or rewording that line moves or breaks this
+    change alone."""
+    series = load_series(templates)
+    pin = load_pin(templates / "pin.toml")
+    up = git.Repo(world.up)
+    steps: list[Step] = []
+    walk_series(series, lambda p: gitutil.read_blob(up, world.base, p), pin.short, {"pin": pin},
+                decide=lambda st: steps.append(st) or True)
+    patterns = [(ch.origin, p) for c in series.commits for ch in c.changes
+                for p in (ch.anchor, ch.within, ch.within_end) if p]
+    out = []
+    for st in steps:
+        ch = st.change
+        if not isinstance(st.where, Located) or ch.regex or ch.within or st.rendered is None:
+            continue
+        if ch.anchor.count("\n") != 1 or not ch.anchor.endswith("\n") or not ch.anchor.strip():
+            continue
+        base = world.read(world.base, ch.file)
+        if base.count(ch.anchor) != 1 or st.text.count(ch.anchor) != 1:
+            continue
+        if any(ch.anchor.strip() in p for origin, p in patterns if origin != ch.origin):
+            continue
+        out.append(Met(st.commit_index, st.commit.slug, ch, st.rendered, base))
+    return out
+
+
+def keyed_lines(met: Met) -> list[str]:
+    """The lines the change adds that own_words compares (code that says something)."""
+    replaced = met.anchor_line if met.change.placement == "replace" else ""
+    return [ln for ln in own_words.added_lines(met.rendered, replaced)
+            if own_words.key(ln, met.change.file) is not None]
+
+
+def respaced(line: str) -> str:
+    """The line as another author might space it: a blank only between two names or numbers."""
+    toks = tokens(line)
+    out = toks[0]
+    for a, b in zip(toks, toks[1:]):
+        out += (" " if (a[-1].isalnum() or a[-1] == "_") and (b[0].isalnum() or b[0] == "_") else "") + b
+    return out
+
+
+def in_other_words(met: Met) -> tuple[str, str]:
+    """Upstream lands the change's first code line in its own words: without our comment, spaced
+    its way, right at the anchor (above it for a `before` change, below it otherwise). Returns
+    (the new file, the line upstream wrote)."""
+    ours = keyed_lines(met)[0]
+    indent = met.anchor_line[:len(met.anchor_line) - len(met.anchor_line.lstrip())]
+    theirs = indent + respaced(ours.strip())
+    i = met.base.index(met.anchor_line)
+    at = i if met.change.placement == "before" else i + len(met.anchor_line)
+    return met.base[:at] + theirs + "\n" + met.base[at:], theirs.strip()
+
+
+def moved_to_the_end(met: Met) -> str:
+    """The anchor line cut out and put at the end of its file: the change follows it there."""
+    return met.base.replace(met.anchor_line, "", 1) + met.anchor_line
+
+
+def reworded(line: str) -> str | None:
+    """The line as upstream might reword it, every token kept: the operands of its first `&&`
+    or `||` swapped, else the two sides of its first `==` or `!=`; None when it has neither."""
+    indent, s = line[:len(line) - len(line.lstrip())], line.strip()
+    for op in (" && ", " || ", " == ", " != "):
+        if op not in s:
+            continue
+        i = s.index(op)
+        left, right = s[:i], s[i + len(op):]
+        a = max(left.rfind("(") + 1, left.rfind(",") + 1,
+                *(left.rfind(kw) + len(kw) for kw in ("return ", " = ") if kw in left))
+        ends = [j for j in (right.find(")"), right.find(","), right.find(";")) if j >= 0]
+        b = min(ends) if ends else len(right)
+        x, y = left[a:], right[:b]
+        if not x.strip() or not y.strip():
+            continue
+        lead, trail = x[:len(x) - len(x.lstrip())], y[len(y.rstrip()):]
+        new = left[:a] + lead + y.strip() + op + x.strip() + trail + right[b:]
+        if new != s:
+            return indent + new + "\n"
+    return None
+
+
+def comment(path: str, text: str) -> str:
+    """A comment line in the file's own syntax."""
+    if path.endswith(".md"):
+        return f"<!-- {text} -->\n"
+    hash_style = path.endswith((".py", ".sh", ".cmake", ".txt", ".toml")) or path.rsplit("/", 1)[-1] in (
+        "CMakeLists.txt", "Makefile")
+    return f"# {text}\n" if hash_style else f"// {text}\n"
+
+
+def moved_on(text: str, path: str, above: list[str]) -> str:
+    """Upstream moved on: three comment lines at the top of the file and one right above each
+    line of `above` (anchors no other pattern contains), so every anchor in it moves."""
+    for line in above:
+        text = text.replace(line, comment(path, "upstream moved on, above an anchor") + line, 1)
+    return "".join(comment(path, f"upstream moved on ({n})") for n in range(3)) + text

@@ -29,7 +29,8 @@ from llamacpp_mla_port.errors import ObtainError, PinError
 from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.source import newer as newer_mod, obtain
 from llamacpp_mla_port.upstreaming import canary
-from tests.helpers.upstream_drift import GGUF, GRAPH, K_SET_INPUT, MASK, Project, make_world
+from tests.helpers.upstream_drift import GGUF, GRAPH, K_SET_INPUT, MASK, Q_A_NORM, Project, make_world
+from llamacpp_mla_port.cli import main
 from llamacpp_mla_port import project
 from llamacpp_mla_port.proof import smoke as smoke_mod
 
@@ -72,6 +73,43 @@ def test_a_renamed_function_ends_at_anchor_with_the_anchor_and_candidates(world,
     assert re.search(r"anchor +FAILED .*within not found in src/llama-graph.cpp", lines), lines
     assert re.search(r"apply +-- .*skipped", lines)
     assert not (tmp_path / "canary" / "llama.cpp").exists()      # nothing applied, nothing built
+    _untouched(demo, before)
+
+
+def test_make_canary_prints_the_verdict_first_and_review_when_upstream_landed_a_line(
+        world, demo, tmp_path, capsys, monkeypatch):
+    """Upstream listed one of the two tensors our first commit adds, right under its anchor: the
+    series still renders, applies and (here) builds, but the verdict, the first line `make canary`
+    prints, is REVIEW and names the commit and the line; the report carries the tree-identity
+    check's result. The build stage is stood in for (the real one: the build case below)."""
+    line = "        MODEL_TENSOR.ATTN_KV_A_MQA,\n"
+
+    def listed(t: str) -> str:
+        j = t.index(Q_A_NORM, t.index("    MODEL_ARCH.DFLASH: [\n")) + len(Q_A_NORM)
+        return t[:j] + line + t[j:]
+    built = []
+    monkeypatch.setattr(canary, "_build", lambda opts, ws, state: built.append(ws.tree) or {"targets": ["llama"]})
+    new = world.commit("canary-own-words", {GGUF: listed})
+    before = demo.snapshot()
+    rc = main(["rebase", "--templates-dir", str(demo.templates), "--patches-dir", str(demo.patches),
+               "--work-dir", str(demo.work), "--onto", new, "--git-url", str(world.up), "--canary", "--prove",
+               "--no-proof", "--canary-dir", str(tmp_path / "canary")])
+    out, err = capsys.readouterr()
+    report = json.loads((tmp_path / "canary" / canary.REPORT_NAME).read_text())
+    assert rc == 1 and not report["ok"] and report["verdict"] == "review" and built, out + err
+    first = out.splitlines()[0]
+    assert first.startswith(f"canary: REVIEW on {new[:12]}: the series renders, applies, builds (no proof), but "
+                            "1 change(s) probably merged upstream"), first
+    assert "[series/10-gguf-py-demo] gguf-py/gguf/constants.py:" in first and "'MODEL_TENSOR.ATTN_KV_A_MQA,'" in first
+    assert re.search(r"^  anchor +ok .*REVIEW: 1 probably merged upstream; tree identity holds", out, re.M), out
+    assert re.search(r"^probably merged: 0001 \[series/10-gguf-py-demo\] gguf-py/gguf/constants.py:\d+: "
+                     r"'MODEL_TENSOR.ATTN_KV_A_MQA,'", out, re.M), out
+    assert out.splitlines()[-1] == f"report: {tmp_path / 'canary' / canary.REPORT_NAME}"
+    assert "canary: anchor ok" in err                         # the stages as they end: stderr
+    (flagged,) = report["review"]["probably_merged"]
+    assert flagged["commit"] == "10-gguf-py-demo" and flagged["upstream_lines"][0]["text"] == line.strip()
+    ident = report["review"]["tree_identity"]
+    assert ident == report["stages"]["anchor"]["tree_identity"] and ident["checked"] and ident["regions"] == []
     _untouched(demo, before)
 
 
@@ -247,7 +285,8 @@ def _stacks_state(tmp_path, monkeypatch, fail: str | None):
     monkeypatch.setattr(canary, "cache_repo", lambda: tmp_path / "base.git")
     opts = SimpleNamespace(places=project.Places().with_flags(canary_dir=tmp_path / "canary"), jobs=1)
     state = {"target": SimpleNamespace(label="b11434"),
-             "outcome": SimpleNamespace(stacks=[{"stack": n, "head": f"{n}-head"} for n in ("rpc", "pair-check", "mla")])}
+             "outcome": SimpleNamespace(stacks=[{"stack": n, "head": f"{n}-head"}
+                                                for n in ("rpc", "pair-check", "mla")])}
     return opts, state, built
 
 
@@ -530,8 +569,7 @@ def test_rebase_onto_a_recorded_sdist_row_pins_its_tag_and_tree(world, index, tm
     assert rc == 0, out + err
     assert f"pin moved to b20010 (tree {got.base.tree[:12]})" in out
     pin = load_pin(p.templates / "pin.toml")
-    assert (pin.commit, pin.tag, pin.tree, pin.sdist.package) == (None, "b20010", got.base.tree,
-                                                                   "llama-cpp-fixture")
+    assert (pin.commit, pin.tag, pin.tree, pin.sdist.package) == (None, "b20010", got.base.tree, "llama-cpp-fixture")
     assert "No `commit`" in (p.templates / "pin.toml").read_text()
     manifest = json.loads((p.patches / "manifest.json").read_text())
     assert manifest["base"] == {"url": pin.url, "commit": None, "tag": "b20010", "tree": got.base.tree}

@@ -31,8 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="accept an older or unrelated commit (the pin normally moves "
                              "forward only)")
     parser.add_argument("--canary", action="store_true",
-                        help="only try: write nothing, print a JSON report, exit 1 at the "
-                             "first failing change")
+                        help="only try: write nothing, print a JSON report (its verdict: ok, "
+                             "review or failed), exit 1 unless ok")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--tag", help="tag name to record in the pin (default: git describe "
                                       "--exact-match in a local clone, else the short id)")
@@ -48,9 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("the full canary (--canary --prove)")
     g.add_argument("--prove", action="store_true",
                    help="after the anchors: apply with git am -3, build and run the proof on the "
-                        "new upstream, in the canary dir; one line per stage, the JSON report "
-                        "in <canary-dir>/canary.json (--json: on stdout); exit 1 at the first "
-                        "failing stage")
+                        "new upstream, in the canary dir; at the end the one-line verdict first, "
+                        "then one line per stage and what to review; the JSON report in "
+                        "<canary-dir>/canary.json (--json: on stdout); exit 1 unless the verdict is ok")
     g.add_argument("--canary-dir", type=Path, metavar="DIR",
                    help="the canary's own work dir (default: ./work-canary, or "
                         "$MLA_PORT_CANARY_DIR); work/, patches/ and the pin are never touched")
@@ -103,7 +103,8 @@ def run(args: argparse.Namespace, places: Places) -> int:
 
 
 def _run_full_canary(args: argparse.Namespace, places: Places) -> int:
-    from llamacpp_mla_port.upstreaming.canary import REPORT_NAME, CanaryOptions, run_canary, stage_line
+    from llamacpp_mla_port.upstreaming.canary import (REPORT_NAME, CanaryOptions, progress_line, run_canary,
+                                                      summary_lines)
     opts = CanaryOptions(onto=args.onto, places=places, git_url=args.git_url, tag=args.tag,
                          cmake_args=tuple(args.cmake_arg),
                          jobs=args.jobs, quick=args.quick, server=not args.no_server,
@@ -111,22 +112,17 @@ def _run_full_canary(args: argparse.Namespace, places: Places) -> int:
                          build_stacks=args.build_stacks, prove=not args.no_proof)
     out = sys.stderr if args.json else sys.stdout
 
-    def line(text: str) -> None:
-        print(text, file=out, flush=True)
+    def progress(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
 
-    line(f"canary: {args.onto} in {opts.canary_dir}")
-    report = run_canary(opts, log=lambda *a: print(*a, file=sys.stderr, flush=True),
-                        on_stage=lambda name, entry: line(stage_line(name, entry)))
+    progress(f"canary: {args.onto} in {opts.canary_dir}")
+    report = run_canary(opts, log=progress, on_stage=lambda name, entry: progress(progress_line(name, entry)))
     opts.canary_dir.mkdir(parents=True, exist_ok=True)
     path = opts.canary_dir / REPORT_NAME
     write_json(path, report, indent=2)
     onto = (report.get("onto") or {}).get("tag") or args.onto
-    done = "builds and proves" if report["stages"]["proof"].get("ok") else "builds (no proof)"
-    if report["stages"]["stacks"].get("ok"):
-        done += ", and each PR stack builds alone,"
-    verdict = (f"canary: the series renders, applies, {done} on {onto}" if report["ok"]
-               else f"canary: FAILED at {report['stage']} on {onto}")
-    line(f"{verdict} ({report['seconds']:.1f} s); report: {path}")
+    # the one-line verdict first (stdout; with --json on stderr, the report on stdout)
+    print("\n".join(summary_lines(report, onto, path)), file=out, flush=True)
     if args.json:
         print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1

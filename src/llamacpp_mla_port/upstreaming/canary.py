@@ -8,7 +8,9 @@ Stages, in order; the first that fails ends the run and names its evidence:
   obtain   the new upstream into the cache (a commit, a clone, a folder, or a PyPI sdist
            tree from templates/upstreams.toml): where it came from, sha256, build number
   anchor   every change located again and rendered (upstreaming/rebase.py's analysis): the failing
-           anchor and the closest candidate lines, or the change already merged upstream
+           anchor and the closest candidate lines, or the change already merged upstream; when
+           it passes, what it leaves to review: changes probably merged in upstream's own words
+           and the tree-identity check's regions (these do not stop the run)
   apply    the rendered series applied with `git am -3`, as `make patch` does: the rejected
            patch, file, line and hunk
   build    build.ensure_build of the targets the proof needs: the first compiler (or CMake,
@@ -18,6 +20,10 @@ Stages, in order; the first that fails ends the run and names its evidence:
            the stack that fails and its build error
   proof    proof.smoke.run_smoke: the failing checks, and the figures either way
 Every stage records its time. A rerun reuses the canary dir (incremental build).
+
+The verdict: "failed" (a stage failed), "review" (every stage passed, but the anchor stage left
+something to review) or "ok"; `report["ok"]` is true for "ok" only. `summary_lines` gives the
+text, its one-line verdict first.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from llamacpp_mla_port.series.worktree import Workspace, apply_series
 from llamacpp_mla_port.source.obtain import cache_repo
 from llamacpp_mla_port.stages import StageFailed, Stages
 from llamacpp_mla_port.source.pin import load_pin
-from llamacpp_mla_port.upstreaming.rebase import MERGED, RebaseOptions, rebase
+from llamacpp_mla_port.upstreaming.rebase import (MERGED, RebaseOptions, identity_lines, probable_lines, rebase,
+                                                  review_text)
 from llamacpp_mla_port.upstreaming.targets import Target
 
 STAGES = ("obtain", "anchor", "apply", "build", "stacks", "proof")
@@ -103,10 +110,16 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
     runner = Stages(report["stages"], stop_on_failure=True, merge=True, log=ended)
     for name, fn in steps:
         runner.run(name, fn)
+    anchor = report["stages"].get("anchor") or {}
+    report["review"] = {"probably_merged": anchor.get("probably_merged", []),
+                        "tree_identity": anchor.get("tree_identity")}
     if runner.failed is None:
-        report["ok"] = True
+        review = report["review"]["probably_merged"] or (report["review"]["tree_identity"] or {}).get("regions")
+        report["verdict"] = "review" if review else "ok"
+        report["ok"] = not review
         report["stage"] = "ok"
     else:
+        report["verdict"] = "failed"
         name = runner.failed
         report["stage"] = name
         evidence = {k: v for k, v in report["stages"][name].items()
@@ -118,6 +131,7 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
         if name not in report["stages"]:
             report["stages"][name] = {"ok": None, "skipped": not_asked[name]}
     report["seconds"] = round(time.monotonic() - started, 1)
+    report["verdict_line"] = verdict_line(report, (report.get("onto") or {}).get("tag") or opts.onto)
     return report
 
 
@@ -143,15 +157,17 @@ def _anchor(opts: CanaryOptions, state: dict, log) -> dict:
     state["outcome"] = outcome
     n = len(outcome.changes)
     moved = sum(1 for c in outcome.changes if c.status == "ok" and c.old_line not in (None, c.line))
-    summary = {"changes": n, "found": sum(1 for c in outcome.changes if c.status == "ok"),
+    summary = {"changes": n, "found": sum(1 for c in outcome.changes if not c.failed and c.status != MERGED),
                "moved": moved, "relation": outcome.relation, "notes": outcome.notes,
-               "stacks": outcome.stacks}
+               "stacks": outcome.stacks, "verdict": outcome.verdict,
+               "probably_merged": [dataclasses.asdict(c) for c in outcome.probably_merged],
+               "tree_identity": outcome.tree_identity.to_json()}
     if outcome.status == "stack-conflict":
         bad = next(t for t in outcome.stacks if not t["ok"])
         raise _Failed({**summary, "outcome": outcome.status, "status": "stack-conflict",
                        "stack": bad["stack"], "message": f"PR stack {bad['stack']}: {bad['message']}",
                        "hint": bad.get("hint")})
-    if not outcome.ok:
+    if outcome.verdict == "failed":
         first = outcome.first_failure
         evidence = dataclasses.asdict(first) if first else {}
         bad = [dataclasses.asdict(c) for c in outcome.changes if c.failed or c.status == MERGED]
@@ -294,6 +310,12 @@ def stage_line(name: str, entry: dict) -> str:
         what = f"{entry['found']}/{entry['changes']} changes found ({entry['moved']} moved)"
         if entry.get("stacks"):
             what += f"; {len(entry['stacks'])} PR stacks apply alone"
+        ident, probable = entry.get("tree_identity") or {}, entry.get("probably_merged")
+        review = ([f"{len(probable)} probably merged upstream"] if probable else []) + \
+            ([f"tree identity differs in {len(ident['regions'])} region(s)"] if ident.get("regions") else [])
+        what += f"; REVIEW: {', '.join(review)}" if review else ""
+        if ident.get("checked") and not ident["regions"]:
+            what += f"; tree identity holds ({ident['files']} files)"
     elif name == "apply":
         what = f"{entry['patches']} patches applied with git am -3"
     elif name == "build":
@@ -313,3 +335,41 @@ def stage_line(name: str, entry: dict) -> str:
             what += ("; all printed figures equal the baseline's" if vs["equal"] else
                      f"; {len(vs['differences'])} printed figures differ from the baseline's")
     return f"  {name:<7} ok      {secs}  {what}"
+
+
+def progress_line(name: str, entry: dict) -> str:
+    """A stage as it ends, short (stderr: the summary comes at the end)."""
+    state = {True: "ok", False: "FAILED", None: "skipped"}[entry.get("ok")]
+    return f"canary: {name} {state}" + (f" ({entry['seconds']:.1f} s)" if "seconds" in entry else "")
+
+
+def verdict_line(report: dict, onto: str) -> str:
+    """The run in one line: OK, REVIEW (what to review) or FAILED (at which stage, why)."""
+    stages = report["stages"]
+    done = "builds and proves" if stages["proof"].get("ok") else "builds (no proof)"
+    if stages["stacks"].get("ok"):
+        done += ", and each PR stack builds alone,"
+    secs = f" ({report['seconds']:.1f} s)"
+    if report["verdict"] == "failed":
+        failure = report.get("failure") or {}
+        why = f": {failure['message']}" if failure.get("message") else ""
+        return f"canary: FAILED at {report['stage']} on {onto}{why}{secs}"
+    ident = report["review"]["tree_identity"] or {}
+    if report["verdict"] == "review":
+        what = review_text(report["review"]["probably_merged"], ident.get("regions") or [])
+        return f"canary: REVIEW on {onto}: the series renders, applies, {done}, but {what}{secs}"
+    held = f"; tree identity holds ({ident['files']} files)" if ident.get("checked") else ""
+    return f"canary: OK on {onto}: the series renders, applies, {done}{held}{secs}"
+
+
+def summary_lines(report: dict, onto: str, path: Path) -> list[str]:
+    """What `make canary` prints at the end: the one-line verdict first, one line per stage, what
+    to review (each probable merge, the tree-identity check), then where the report is."""
+    out = [verdict_line(report, onto)]
+    out += [stage_line(name, report["stages"][name]) for name in STAGES]
+    review = report["review"]
+    out += probable_lines(review["probably_merged"])
+    if review["tree_identity"] is not None:
+        out += identity_lines(review["tree_identity"], show_not_run=report["verdict"] != "failed")
+    out.append(f"report: {path}")
+    return out

@@ -8,6 +8,9 @@ one) re-applied; on any problem the pin, patches/ and the work tree stay as they
 
 Per change the report says one of:
 - ok                  the anchor was found (with its line at the old and the new base);
+- probably-merged     the anchor was found, but lines the change adds that were not near it
+                      at the old base stand near it now (upstream's own words: own_words.py);
+                      the change still renders, and the verdict says "review";
 - merged-upstream     what the change inserts is already there (right at the anchor, or
                       verbatim elsewhere in the file): drop it from the templates;
 - anchor-missing / anchor-ambiguous / within-missing / within-ambiguous /
@@ -20,7 +23,11 @@ an older or unrelated commit is refused unless --force. `--canary` only tries: n
 written and the exit status and a JSON report say whether, and where, the series breaks.
 
 The range-diff compares the series as the current templates render at the old pin (what
-`make patch` gave, i.e. patches/ when they are up to date) with the series at the new base.
+`make patch` gave, i.e. patches/ when they are up to date) with the series at the new base, and
+the tree-identity check (identity.py) compares diff(old base, new base) with diff(old patched,
+new patched), commit by commit: a region where they differ is one where the series' effect
+changed. A probable merge or such a region makes the verdict "review": `--canary` is then not
+ok; a rebase still moves the pin, and says what to review.
 """
 
 from __future__ import annotations
@@ -40,144 +47,14 @@ from llamacpp_mla_port.series import pipeline, gitseries as series_mod, stacks a
 from llamacpp_mla_port.series.spec import Series, load_series
 from llamacpp_mla_port.source import obtain
 from llamacpp_mla_port.source.pin import Pin, load_pin
-from llamacpp_mla_port.series import anchors
-from llamacpp_mla_port.series.anchors import Miss
-from llamacpp_mla_port.series.render import Step, render_series, walk_series
+from llamacpp_mla_port.series.render import render_series
 from llamacpp_mla_port.series.worktree import BASE_BRANCH, Workspace
 from llamacpp_mla_port.source.obtain import Base
+from llamacpp_mla_port.upstreaming import identity
+# the analysis' names are the rebase report's (its readers import them from here)
+from llamacpp_mla_port.upstreaming.analysis import (FAILED, MERGED, PROBABLE, ChangeReport,  # noqa: F401
+                                                    _failure_text, analyse)
 from llamacpp_mla_port.upstreaming.targets import Target, relation, resolve_target
-
-FAILED = ("anchor-missing", "anchor-ambiguous", "within-missing", "within-ambiguous",
-          "within_end-missing", "file-missing", "file-exists", "render-error")
-MERGED = "merged-upstream"
-#: an inserted text this large that already occurs verbatim in the file is a duplicate,
-#: not a coincidence (a single `}` or blank line is not)
-_SUBSTANTIAL_LINES = 2
-_SUBSTANTIAL_CHARS = 40
-
-
-# ------------------------------------------------------------------------------ reports
-@dataclass
-class ChangeReport:
-    commit: str                  # series folder, e.g. "10-gguf-py-dflash-mla-tensors"
-    title: str                   # commit title (patch subject)
-    patch: str                   # patch number in the series, e.g. "0001"
-    change: str                  # "series/NN-slug/commit.toml change #i"
-    file: str
-    placement: str
-    status: str
-    anchor: str | None = None    # the pattern that failed (or the anchor when ok)
-    line: int | None = None      # line of the anchor (or of the merged text) at the new base
-    old_line: int | None = None  # line of the anchor at the old base
-    candidates: list[str] = field(default_factory=list)
-    message: str = ""
-    present: int | None = None   # how often its inserted text occurs in its scope there
-
-    @property
-    def failed(self) -> bool:
-        return self.status in FAILED
-
-
-# ----------------------------------------------------------------------------- analysis
-_line = anchors.line_of
-
-
-def _substantial(s: str) -> bool:
-    return len([ln for ln in s.splitlines() if ln.strip()]) >= _SUBSTANTIAL_LINES or \
-        len("".join(s.split())) >= _SUBSTANTIAL_CHARS
-
-
-def analyse(series: Series, read_base, base_label: str, extra_vars: dict,
-            patch_names: list[str] | None = None,
-            baseline: dict[str, int] | None = None) -> list[ChangeReport]:
-    """Locate every change of the series at a base, commit by commit, without stopping: the
-    lenient walk of series/render.py (the one `make patch` runs strictly), skipping a failed
-    or merged change, so one run reports them all. Only render_series produces output.
-
-    `baseline` (change -> how often its text occurred in the file at the OLD base) tells a
-    merge upstream apart from text that was always there elsewhere (two arch lists may share
-    lines): the text counts as merged when it occurs more often now than it did then.
-    """
-    reports: list[ChangeReport] = []
-
-    def decide(step: Step) -> bool:
-        change, path, text = step.change, step.path, step.text
-        patch = patch_names[step.commit_index] \
-            if patch_names and len(patch_names) == len(series.commits) \
-            else f"{step.commit_index + 1:04d}"
-
-        def report(status: str, **kw) -> None:
-            reports.append(ChangeReport(commit=step.commit.slug, title=step.title, patch=patch,
-                                        change=change.origin, file=change.file,
-                                        placement=change.placement, status=status, **kw))
-
-        if step.error is not None:
-            report("render-error", message=step.error.message)
-            return False
-        rendered = step.rendered
-        if change.placement == "create":
-            if step.before is None:
-                report("ok", message="new file")
-                return True
-            if step.before == rendered.encode("utf-8"):
-                report(MERGED, line=1, message="the file already exists upstream "
-                       "with exactly this content")
-            else:
-                report("file-exists", message=f"{path} already exists upstream "
-                       "with other content")
-            return False
-        if text is None:
-            report("file-missing", anchor=change.anchor,
-                   message=f"{path} does not exist (or is not UTF-8 text) upstream")
-            return False
-        lo, hi = anchors.scope(change, text)
-        count = text.count(rendered) if rendered.strip() else 0
-        in_scope = text.count(rendered, lo, hi) if rendered.strip() else 0
-        was = (baseline or {}).get(change.origin)
-        # with a baseline: more copies than at the old base (anywhere in the file: a
-        # `within_end` may now cut the merged text); without: a big copy in scope
-        grew = count > was if was is not None else (in_scope > 0 and _substantial(rendered))
-        if not in_scope:
-            lo, hi = 0, len(text)       # where a copy is looked up for the message
-        where = step.where
-        if isinstance(where, Miss):
-            if grew:
-                at = _line(text, text.index(rendered, lo, hi))
-                report(MERGED, anchor=change.anchor, line=at, present=count,
-                       message=f"the anchor moved or went, but the inserted text is "
-                       f"already in {path} at line {at}")
-                return False
-            report(where.status, anchor=where.pattern, candidates=where.candidates, present=count,
-                   message=_failure_text(where.status, path, where.pattern, where.candidates,
-                                         base_label))
-            return False
-        start, end = where.start, where.end
-        line = _line(text, start)
-        if (change.placement == "after" and text.startswith(rendered, end)) or \
-                (change.placement == "before" and text.endswith(rendered, 0, start)) or \
-                (change.placement == "replace" and rendered == text[start:end]):
-            report(MERGED, anchor=change.anchor, line=line, present=count,
-                   message=f"already present upstream at the anchor (line {line})")
-            return False
-        if was is not None and count > was:
-            at = _line(text, text.index(rendered, lo, hi))
-            report(MERGED, anchor=change.anchor, line=at, present=count,
-                   message=f"the inserted text is already in {path} at line {at} "
-                   f"(the anchor is at line {line})")
-            return False
-        report("ok", anchor=change.anchor, line=line, present=count)
-        return True
-
-    walk_series(series, read_base, base_label, extra_vars, decide=decide)
-    return reports
-
-
-def _failure_text(status: str, path: str, pattern: str, cand: list[str], label: str) -> str:
-    what, _, kind = status.partition("-")
-    first = next((ln.strip() for ln in pattern.splitlines() if ln.strip()), pattern.strip())
-    verb = "matches several times" if kind == "ambiguous" else "not found"
-    near = ("; closest candidate lines: " + " | ".join(cand)) if cand else "; no similar lines"
-    return f"{what} {verb} in {path} at {label}: {first!r}{near}"
 
 
 # ------------------------------------------------------------------------------ the pin
@@ -230,7 +107,8 @@ def write_pin(path: Path, text: str) -> None:
 @dataclass
 class Outcome:
     ok: bool
-    status: str                  # rebased | canary-ok | up-to-date | conflict | merged-upstream
+    #: rebased | up-to-date | canary-ok | canary-review | conflict | merged-upstream | stack-conflict
+    status: str
     old: dict
     onto: dict
     relation: str
@@ -241,20 +119,37 @@ class Outcome:
     head: str | None = None      # the rendered series' last commit in the cache repo
     #: canary: each PR stack rendered and applied alone on the new base (stacks.try_stacks)
     stacks: list[dict] = field(default_factory=list)
+    #: the tree-identity check (identity.check; not run when the series does not render)
+    tree_identity: identity.Identity = field(
+        default_factory=lambda: identity.not_run("the series does not render at the new base"))
 
     @property
     def first_failure(self) -> ChangeReport | None:
         bad = [c for c in self.changes if c.failed or c.status == MERGED]
         return bad[0] if bad else None
 
+    @property
+    def probably_merged(self) -> list[ChangeReport]:
+        return [c for c in self.changes if c.status == PROBABLE]
+
+    @property
+    def verdict(self) -> str:
+        """ok | review (a probable merge, or a region where the series' effect changed) | failed"""
+        if self.status in ("conflict", MERGED, "stack-conflict"):
+            return "failed"
+        return "review" if self.probably_merged or self.tree_identity.regions else "ok"
+
     def to_json(self) -> dict:
         first = self.first_failure
         return {
-            "ok": self.ok, "status": self.status, "old": self.old, "onto": self.onto,
+            "ok": self.ok, "status": self.status, "verdict": self.verdict,
+            "verdict_line": verdict_line(self), "old": self.old, "onto": self.onto,
             "relation": self.relation,
             "first_failure": dataclasses.asdict(first) if first else None,
             "failures": [dataclasses.asdict(c) for c in self.changes if c.failed],
             "merged_upstream": [dataclasses.asdict(c) for c in self.changes if c.status == MERGED],
+            "probably_merged": [dataclasses.asdict(c) for c in self.probably_merged],
+            "tree_identity": self.tree_identity.to_json(),
             "changes": [dataclasses.asdict(c) for c in self.changes],
             "range_diff": self.range_diff, "patches": self.patches, "notes": self.notes,
             "stacks": self.stacks,
@@ -349,12 +244,11 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     except PortError as err:
         notes.append(f"old base {pin.short} unavailable ({err.message}): no old lines, "
                      "no range-diff")
-    old_reports = []
+    old_reports, seen = [], {}
     if old_base is not None:
         old_reports = analyse(series, lambda p: gitutil.read_blob(cache, old_base.sha, p),
-                              pin.short, {"pin": pin}, names)
-    baseline = {r.change: r.present for r in old_reports if r.present is not None} \
-        if old_reports and not any(r.failed for r in old_reports) else None
+                              pin.short, {"pin": pin}, names, seen=seen)
+    baseline = seen if old_reports and not any(r.failed for r in old_reports) else None
     new_pin = new_pin or dataclasses.replace(pin, commit=None, tag=target.tag, sdist=None)
     reports = analyse(series, lambda p: gitutil.read_blob(cache, target.base.sha, p),
                       target.label, {"pin": new_pin}, names, baseline)
@@ -365,6 +259,10 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     def outcome(ok, status, **kw) -> Outcome:
         return Outcome(ok=ok, status=status, old=old_info, onto=onto_info, relation=rel,
                        changes=reports, notes=notes, **kw)
+
+    if old_reports and baseline is None:
+        notes.append(f"the series does not render at the old base {pin.short}: no look for "
+                     "changes upstream made in its own words")
 
     if any(r.failed for r in reports):
         return outcome(False, "conflict")
@@ -381,15 +279,20 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
                                     message=err.message))
         return outcome(False, "conflict")
     range_diff = ""
+    tree_identity = identity.not_run(f"the old base {pin.short} is unavailable")
     if old_base is not None:
         try:
             old_shas = _render_commits(cache, series, old_base, pin)
             range_diff = gitutil.run(cache, "range-diff", "--no-color",
                                      f"{old_base.sha}..{old_shas[-1]}",
                                      f"{target.base.sha}..{new_shas[-1]}")
+            tree_identity = identity.check(cache, old_base.sha, old_shas, target.base.sha, new_shas,
+                                           _commit_files(series, reports))
         except (PortError, git.GitCommandError) as err:
-            notes.append(f"no range-diff: the old series does not render at {pin.short} "
-                         f"({getattr(err, 'message', None) or gitutil.error_text(err)})")
+            why = getattr(err, 'message', None) or gitutil.error_text(err)
+            notes.append(f"no range-diff: the old series does not render at {pin.short} ({why})")
+            tree_identity = identity.not_run(f"the old series does not render at {pin.short}")
+    review = tree_identity.regions or any(r.status == PROBABLE for r in reports)
     with tempfile.TemporaryDirectory(prefix="mla-port-rebase-") as tmp:
         export_pin = new_pin if _moved_pin(pin, target) else pin
         patches = series_mod.export(cache, target.base.sha, new_shas[-1], Path(tmp), export_pin,
@@ -400,9 +303,11 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
             tried = stacks_mod.try_stacks(cache, series, target.base.sha, target.label,
                                           {"pin": new_pin}, export_pin) if opts.canary else []
             ok = all(t["ok"] for t in tried)
-            return outcome(ok, ("canary-ok" if ok else "stack-conflict") if opts.canary
-                           else "up-to-date", range_diff=range_diff, patches=patches,
-                           head=new_shas[-1], stacks=tried)
+            status = "up-to-date" if not opts.canary else "stack-conflict" if not ok else \
+                "canary-review" if review else "canary-ok"
+            return outcome(ok and not (opts.canary and review), status, range_diff=range_diff,
+                           patches=patches, head=new_shas[-1], stacks=tried,
+                           tree_identity=tree_identity)
         pin_path = opts.places.pin_file
         write_pin(pin_path, pin_text(pin, new_pin, pin_path.read_text()))
         series_mod.install(Path(tmp), opts.places.patches_dir)
@@ -420,11 +325,23 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
         except PortError as err:
             notes.append(f"the pin and patches/ moved, but the work tree {ws.tree} was not "
                          f"re-applied ({err.message}): run `make patch`")
-    return outcome(True, "rebased", range_diff=range_diff, patches=patches)
+    return outcome(True, "rebased", range_diff=range_diff, patches=patches, tree_identity=tree_identity)
+
+
+def _commit_files(series: Series, reports: list[ChangeReport]) -> list[dict]:
+    """Per series commit: its patch name, title and the files it touches (identity.check)."""
+    named = {r.commit: r for r in reports}
+    out = []
+    for i, c in enumerate(series.commits):
+        r = named.get(c.slug)
+        out.append({"commit": c.slug, "patch": r.patch if r else f"{i + 1:04d}",
+                    "title": r.title if r else c.slug,
+                    "files": sorted({ch.file for ch in c.changes})})
+    return out
 
 
 # ---------------------------------------------------------------------------------- text
-_LABEL = {"ok": "ok", MERGED: "MERGED", "render-error": "ERROR"}
+_LABEL = {"ok": "ok", MERGED: "MERGED", PROBABLE: "REVIEW", "render-error": "ERROR"}
 
 
 def _label(tag: str, commit: str | None, tree: str) -> str:
@@ -446,6 +363,7 @@ def format_text(o: Outcome) -> str:
             out.append(f"    ok     {c.file}{where}")
             continue
         out.append(f"    {_LABEL.get(c.status, 'FAILED'):<6} {c.file}: {c.status}: {c.message}")
+    out += identity_lines(o.tree_identity.to_json(), o.status not in ("conflict", MERGED))
     for n in o.notes:
         out.append(f"note: {n}")
     if o.status == "conflict":
@@ -457,12 +375,18 @@ def format_text(o: Outcome) -> str:
         out.append("nothing was written: these changes are already upstream; drop them (or "
                    f"the whole folder) from templates/series/ ({', '.join(slugs)}), then rerun")
     elif o.status == "rebased":
-        out.append(f"pin moved to {o.onto['tag']} ({o.onto['commit'] or 'tree ' + o.onto['tree'][:12]}); patches/ re-exported "
+        named = o.onto['commit'] or 'tree ' + o.onto['tree'][:12]
+        out.append(f"pin moved to {o.onto['tag']} ({named}); patches/ re-exported "
                    f"({len(o.patches)} patches)")
+        if o.verdict == "review":
+            out.append("review before you commit them: " + _review_text(o))
     elif o.status == "up-to-date":
         out.append("the pin is already at that commit: nothing to do")
     elif o.status == "canary-ok":
         out.append(f"canary: the series renders at {o.onto['tag']}; nothing was written")
+    elif o.status == "canary-review":
+        out.append(f"canary: the series renders at {o.onto['tag']}, but review: {_review_text(o)}; "
+                   "nothing was written")
     elif o.status == "stack-conflict":
         bad = [t["stack"] for t in o.stacks if not t["ok"]]
         out.append(f"canary: the series renders at {o.onto['tag']}, but PR stack(s) "
@@ -475,3 +399,67 @@ def format_text(o: Outcome) -> str:
         out.append("git range-diff (old series vs new series):")
         out.append(o.range_diff)
     return "\n".join(out)
+
+
+def identity_lines(ident: dict, show_not_run: bool = True) -> list[str]:
+    """The tree-identity check's result (identity.Identity.to_json), for the text reports."""
+    if not ident["checked"]:
+        return [f"tree identity: not checked ({ident['note']})"] if show_not_run else []
+    if not ident["regions"]:
+        return [f"tree identity: holds (diff(old base, new base) = diff(old patched, new patched) in "
+                f"{ident['files']} files of {ident['commits']} commits)"]
+    return [f"tree identity: {len(ident['regions'])} region(s) where the series' effect changed:"] + \
+        [f"    {identity.describe(r)}" for r in ident["regions"]]
+
+
+def review_text(probable: list[dict], regions: list[dict]) -> str:
+    """What makes a verdict "review", in one line: the first probable merge (ChangeReport as
+    JSON) and the first region where the series' effect changed, each with how many there are."""
+    parts = []
+    if probable:
+        c = probable[0]
+        hit = c["upstream_lines"][0]
+        more = f" (+{len(probable) - 1} more)" if len(probable) > 1 else ""
+        parts.append(f"{len(probable)} change(s) probably merged upstream in upstream's own words: "
+                     f"{_num(c['patch'])} [series/{c['commit']}] {c['file']}:{hit['line']}: "
+                     f"{hit['text']!r}{more}")
+    if regions:
+        r = regions[0]
+        more = f" (+{len(regions) - 1} more)" if len(regions) > 1 else ""
+        parts.append(f"{len(regions)} region(s) where the series' effect changed (tree identity): "
+                     f"{_num(r['patch'])} [series/{r['commit']}] {r['file']}:{r['new_line']}{more}")
+    return "; ".join(parts)
+
+
+def probable_lines(probable: list[dict]) -> list[str]:
+    """One line per added line that already stands near its anchor upstream."""
+    return [f"probably merged: {_num(c['patch'])} [series/{c['commit']}] {c['file']}:{h['line']}: "
+            f"{h['text']!r} stands near the anchor upstream (the change adds {h['ours']!r})"
+            for c in probable for h in c["upstream_lines"]]
+
+
+def _review_text(o: Outcome) -> str:
+    return review_text([dataclasses.asdict(c) for c in o.probably_merged], o.tree_identity.regions)
+
+
+def verdict_line(o: Outcome) -> str:
+    """The outcome in one line, verdict first: OK, REVIEW (and what) or FAILED (and where)."""
+    onto = o.onto.get("tag") or (o.onto.get("commit") or o.onto.get("tree") or "")[:12]
+    if o.verdict == "review":
+        return f"REVIEW on {onto}: {_review_text(o)}"
+    if o.verdict == "ok":
+        ident = o.tree_identity
+        held = (f"tree identity holds in {ident.files} files" if ident.checked
+                else f"tree identity not checked: {ident.note}")
+        return f"OK on {onto}: all {len(o.changes)} changes found, none merged upstream; {held}"
+    first = o.first_failure
+    if o.status == "stack-conflict" or first is None:
+        bad = [t["stack"] for t in o.stacks if not t["ok"]]
+        return f"FAILED on {onto}: {o.status}" + (f" (PR stack(s) {', '.join(bad)})" if bad else "")
+    return (f"FAILED on {onto}: {o.status}: {_num(first.patch)} [series/{first.commit}] {first.file}: "
+            f"{first.message}")
+
+
+def _num(patch: str) -> str:
+    """A patch's number ("0009") from its file name ("0009-model-...patch") or number."""
+    return patch.split("-", 1)[0]
