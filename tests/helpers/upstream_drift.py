@@ -315,7 +315,8 @@ def moved_to_the_end(met: Met) -> str:
 
 def reworded(line: str) -> str | None:
     """The line as upstream might reword it, every token kept: the operands of its first `&&`
-    or `||` swapped, else the two sides of its first `==` or `!=`; None when it has neither."""
+    or `||` swapped, else the two sides of its first `==` or `!=`; None when it has neither
+    (`renamed` then)."""
     indent, s = line[:len(line) - len(line.lstrip())], line.strip()
     for op in (" && ", " || ", " == ", " != "):
         if op not in s:
@@ -334,6 +335,14 @@ def reworded(line: str) -> str | None:
         if new != s:
             return indent + new + "\n"
     return None
+
+
+def renamed(line: str) -> str | None:
+    """The line with its longest name renamed (`_v2` added), as upstream renames a variable."""
+    names = sorted((t for t in tokens(line) if t[0].isalpha() or t[0] == "_"), key=len, reverse=True)
+    if not names or len(names[0]) < 4:
+        return None
+    return re.sub(rf"\b{re.escape(names[0])}\b", names[0] + "_v2", line, count=1)
 
 
 def comment(path: str, text: str) -> str:

@@ -627,6 +627,7 @@ def test_make_canary_on_the_newest_known_upstream(tmp_path):
     print(proc.stdout)
     report = json.loads((tmp_path / "canary" / "canary.json").read_text())
     assert proc.returncode == 0 and report["ok"], proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0] == report["verdict_line"] and report["verdict_line"].startswith("canary: OK on ")
     for stage in ("obtain", "anchor", "apply", "build", "stacks", "proof"):
         assert re.search(rf"^  {stage} +ok ", proc.stdout, re.M), stage
     assert [s["stack"] for s in report["stages"]["stacks"]["stacks"]] == [

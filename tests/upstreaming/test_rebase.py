@@ -19,7 +19,7 @@ from llamacpp_mla_port.upstreaming import own_words
 from llamacpp_mla_port.upstreaming.analysis import analyse
 from tests.helpers.upstream_drift import (ADDED_TENSORS, GGUF, GRAPH, GUARDED_MASK, K_SET_INPUT, MASK,
                                           Q_A_NORM, Project, in_other_words, keyed_lines, make_world,
-                                          met_changes, moved_on, moved_to_the_end, reworded)
+                                          met_changes, moved_on, moved_to_the_end, renamed, reworded)
 
 
 @pytest.fixture(scope="module")
@@ -368,9 +368,11 @@ def test_real_series_a_change_landed_upstream_in_other_words_is_flagged(world, r
 
 
 def test_real_series_an_exactly_merged_change_is_reported_merged(world, real, mets, capsys):
+    """Upstream takes a change verbatim (a commit with one change, when there is one: the whole
+    commit): it is reported merged, not also as probably merged."""
+    changes = {c.slug: len(c.changes) for c in load_series(real.templates).commits}
     alone = [m for m in mets if m.change.placement in ("before", "after")]
-    one = [m for m in alone if sum(1 for x in mets if x.slug == m.slug) == 1] or alone
-    m = one[-1]
+    m = ([m for m in alone if changes[m.slug] == 1] or alone)[-1]
     i = m.base.index(m.anchor_line)
     at = i if m.change.placement == "before" else i + len(m.anchor_line)
     rc, report = _canary(real, world, capsys, _edit(world, "real-merged", m, m.base[:at] + m.rendered + m.base[at:]))
@@ -381,10 +383,12 @@ def test_real_series_an_exactly_merged_change_is_reported_merged(world, real, me
 
 
 def test_real_series_a_reworded_anchor_fails_with_the_reworded_line_first(world, real, mets, capsys):
-    """Upstream reorders a condition (or swaps the sides of a comparison): every token is still
-    there, so that line is the first candidate the failure names."""
-    m, line = next((m, r) for op in (" && ", " || ", " == ", " != ") for m in mets
-                   if op in m.anchor_line and (r := reworded(m.anchor_line)))
+    """Upstream reorders a condition (or swaps the sides of a comparison; with neither in any
+    anchor, renames a name): every token, or all but one, is still there, so that line is the
+    first candidate the failure names."""
+    m, line = next(((m, r) for op in (" && ", " || ", " == ", " != ") for m in mets
+                    if op in m.anchor_line and (r := reworded(m.anchor_line))), None) or \
+        next((m, r) for m in mets if (r := renamed(m.anchor_line)))
     assert line != m.anchor_line
     rc, report = _canary(real, world, capsys, _edit(world, "real-reworded", m, m.base.replace(m.anchor_line, line)))
     assert rc == 1 and report["status"] == "conflict"
