@@ -199,11 +199,10 @@ class Project:
         opts = pipeline.Options(self.places(), source="git", git_url=str(world.up))
         if work_tree:
             pipeline.patch(opts, log=lambda *_: None)
-        else:
-            ws, repo, pin, base = pipeline.prepare(opts, log=lambda *_: None)
-            r = pipeline.render(opts, repo, pin, base)
-            pipeline.export_fresh(r, self.patches)
-            shutil.rmtree(self.work)
+        else:       # patches/ only: rendered in the cache repository, no work tree checked out
+            pin = load_pin(self.templates / "pin.toml")
+            base = obtain.obtain(pin, "git", str(world.up), log=lambda *_: None)
+            pipeline.export_fresh(pipeline.render(opts, obtain.cache_repo(), pin, base), self.patches)
 
     def places(self) -> project.Places:
         """The places of a verb given this project's --templates-dir, --patches-dir and --work-dir."""
