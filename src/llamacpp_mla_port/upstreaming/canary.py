@@ -45,8 +45,8 @@ from llamacpp_mla_port.series.worktree import Workspace, apply_series
 from llamacpp_mla_port.source.obtain import cache_repo
 from llamacpp_mla_port.stages import StageFailed, Stages
 from llamacpp_mla_port.source.pin import load_pin
-from llamacpp_mla_port.upstreaming.rebase import (MERGED, RebaseOptions, identity_lines, probable_lines, rebase,
-                                                  review_text)
+from llamacpp_mla_port.upstreaming.rebase import (MERGED, PROBABLE, RebaseOptions, identity_lines, probable_lines,
+                                                  rebase, review_text)
 from llamacpp_mla_port.upstreaming.targets import Target
 
 STAGES = ("obtain", "anchor", "apply", "build", "stacks", "proof")
@@ -156,7 +156,7 @@ def _anchor(opts: CanaryOptions, state: dict, log) -> dict:
     outcome = rebase(state["ropts"], log=log, target=state["target"])
     state["outcome"] = outcome
     n = len(outcome.changes)
-    moved = sum(1 for c in outcome.changes if c.status == "ok" and c.old_line not in (None, c.line))
+    moved = sum(1 for c in outcome.changes if c.status in ("ok", PROBABLE) and c.old_line not in (None, c.line))
     summary = {"changes": n, "found": sum(1 for c in outcome.changes if not c.failed and c.status != MERGED),
                "moved": moved, "relation": outcome.relation, "notes": outcome.notes,
                "stacks": outcome.stacks, "verdict": outcome.verdict,
