@@ -53,6 +53,16 @@ def test_a_check_after_the_stage_can_fail_it():
     assert entries["parity"]["ok"] is False and "seconds" in entries["parity"] and not st.ok
 
 
+def test_the_report_is_saved_after_every_stage_run_failed_or_skipped():
+    entries, saved = {}, []
+    st = Stages(entries, budget_s=100.0, save=lambda: saved.append(sorted(entries)))
+    st.run("a", lambda: None)
+    st.run("b", lambda: 1 / 0)
+    st.run("c", lambda: None, needs_s=1e9)            # does not fit the budget: skipped, still saved
+    assert saved == [["a"], ["a", "b"], ["a", "b", "c"]]
+    assert entries["c"]["ok"] is None and "not run" in entries["c"]["skipped"]
+
+
 def test_write_json_writes_the_indented_bytes_into_a_new_folder_and_leaves_no_temp(tmp_path):
     data = {"b": [1, 2.5, None], "a": {"ok": True, "name": "é"}}
     dest = tmp_path / "new" / "deeper" / "report.json"

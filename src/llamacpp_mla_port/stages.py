@@ -33,14 +33,16 @@ class Stages:
     goes into its entry (the canary's evidence) instead of being handed back to the caller.
     `budget_s`: seconds for all the stages from now (the device check); a stage that needs
     more than is left is recorded as skipped, not run. `log(name, entry)` is called as each
-    stage ends (or is skipped)."""
+    stage ends (or is skipped), then `save()`: a run stopped later still leaves its report."""
 
     def __init__(self, entries: dict, stop_on_failure: bool = False, merge: bool = False,
-                 log: Callable[[str, dict], None] | None = None, budget_s: float | None = None):
+                 log: Callable[[str, dict], None] | None = None, budget_s: float | None = None,
+                 save: Callable[[], None] | None = None):
         self.entries = entries
         self.stop_on_failure = stop_on_failure
         self.merge = merge
         self.log = log
+        self.save = save
         self.budget_s = budget_s
         self.started = time.monotonic()
         self.failed: str | None = None          # the first stage that failed
@@ -57,8 +59,7 @@ class Stages:
         if self.remaining() < needs_s:
             self.entries[name] = {"ok": None, "skipped": f"not run: {self.remaining():.0f} s of the budget left, "
                                                          f"the stage needs ~{needs_s:.0f} s"}
-            if self.log:
-                self.log(name, self.entries[name])
+            self._ended(name)
             return None
         t0 = time.monotonic()
         result = None
@@ -77,9 +78,14 @@ class Stages:
         self.entries[name] = entry
         if not entry["ok"] and self.failed is None:
             self.failed = name
-        if self.log:
-            self.log(name, entry)
+        self._ended(name)
         return None if self.merge or not entry["ok"] else result
+
+    def _ended(self, name: str) -> None:
+        if self.log:
+            self.log(name, self.entries[name])
+        if self.save:
+            self.save()
 
     def fail(self, name: str, error: str, **fields) -> None:
         """Mark a stage that ran as failed after all (its result did not pass a check)."""
@@ -92,8 +98,7 @@ class Stages:
         for name in names:
             if name not in self.entries:
                 self.entries[name] = {"ok": None, "skipped": f"the {self.failed} stage failed"}
-                if self.log:
-                    self.log(name, self.entries[name])
+                self._ended(name)
 
     @property
     def ok(self) -> bool:
