@@ -22,7 +22,7 @@ from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args
 
 
 def configure(parser) -> None:
-    from llamacpp_mla_port.device.bundle import STAGES
+    from llamacpp_mla_port.device.bundle import DEFAULT_STAGES, STAGES
 
     parser.add_argument("--dry-run", action="store_true",
                         help="after preparing, run the bundle here with CUDA off (work/device-check/)")
@@ -35,7 +35,8 @@ def configure(parser) -> None:
     add_scratch_arg(g, "scratch folder (tree, build, models)")
     g.add_argument("--budget", type=float, default=None,
                    help="seconds for the whole run (default: 540 on the device, none in a dry run)")
-    g.add_argument("--stages", default=None, help="comma-separated subset of " + ",".join(STAGES))
+    g.add_argument("--stages", default=None, help="comma-separated, of " + ",".join(STAGES)
+                   + " (default: " + ",".join(DEFAULT_STAGES) + ")")
 
 
 def _log(msg: str) -> None:
@@ -54,7 +55,7 @@ def run(args, places) -> int:
             raise DeviceCheckError("--run needs --bundle, --out and --scratch-dir (--work)",
                                    hint="run the bundle's run.sh")
         budget = args.budget if args.budget is not None else (None if args.dry_run else device.DEVICE_BUDGET_S)
-        stages = tuple(s for s in args.stages.split(",") if s) if args.stages else device.STAGES
+        stages = tuple(s for s in args.stages.split(",") if s) if args.stages else device.DEFAULT_STAGES
         report = run_check(args.bundle, args.out, args.scratch_dir, args.dry_run, budget, stages)
         sys.stdout.write(format_report(report))
         return 0 if report["ok"] else 1
@@ -62,7 +63,8 @@ def run(args, places) -> int:
     root = places.root
     tree, build = places.build.require_tree().tree, places.build.dir
     folder = args.bundle or places.device_bundle
-    manifest = device.prepare_bundle(tree, build, folder, repo_root=root, n_prompts=args.prompts, log=_log)
+    manifest = device.prepare_bundle(tree, build, folder, places.templates_dir, places.patches_dir, repo_root=root,
+                                     n_prompts=args.prompts, log=_log)
     sys.stdout.write((folder / "README.md").read_text())
     sys.stdout.write(f"\nbundle {folder}: {manifest['bundle_bytes']:,} B; with the checkout's travelling files "
                      f"{manifest['carried_total_bytes']:,} B of {manifest['carry_limit_bytes']:,}\n")

@@ -1,42 +1,35 @@
-"""The GPU check (`make device-check`): the pair on a CUDA device, prepared here, run there.
+"""The GPU check (`make device-check`): prepared here, run on a device machine (docs/device-check.md).
 
-No figure of this project comes from a GPU yet. The accelerator machine a task may be lent
-has no network, 64 MiB of carried files and 15 minutes of device time, so the check is
-made in two halves:
+A device machine has no network, 64 MiB of carried files and 15 minutes of device time, so
+the check is made in two halves.
 
 PREPARE (this machine, `prepare_bundle`): one self-contained folder, work/device-bundle/
 (ignored by git, carried as it is):
   llama.cpp.tar.gz   a pruned copy of the patched tree: what CMake needs to configure and
-                     build the check's targets with CUDA (no .git, docs, models, media, other
-                     GPU backends' sources, the web UI's sources)
-  overlay/broadcast/ the same tree's src/models/dflash.cpp with v_b as a 4-D broadcast matvec
-                     after the attention (the series uses build_attn's v_mla, deepseek2.cpp's
-                     form): built only for the timing beside it, the series is unchanged
-  wheels/            the Python packages the device lacks (gguf), as wheels
+                     build the check's targets (no .git, docs, models, other GPU backends,
+                     the web UI's sources)
+  variants/          the base's and three CPU stacks' versions of the files they change
+                     (device.variants): the host CPU stages build them on the device
+  overlay/broadcast/ dflash.cpp with v_b as a 4-D broadcast matvec (the vb-forms stage only)
+  wheels/            the Python packages the device lacks (gguf)
   src/               this project's package (the driver, the reference, the generators)
-  fixtures/          the tiny fixtures the CPU made with the pinned converter (its
-                     transformers pin is not on the device): the Kimi-K3 target, the parity
-                     checkpoints and drafts, the lossless drafts; the rest is made there
-  run.sh             the driver; MANIFEST.json the sizes; README.md the call to make
+  fixtures/          the tiny fixtures made with the pinned converter (its transformers pin is
+                     not on the device): the Kimi-K3 target, the parity drafts, the lossless drafts
+  run.sh             the driver; MANIFEST.json the sizes; README.md the calls to make
 
-RUN (the device, or this machine with CUDA off: DRY_RUN=1; `run_check`), offline, inside a
-time budget (9 minutes on 16 cores and one H200), writing report.json and report.md under
-$OUT (device) or work/device-check/ (dry run) after every stage:
-  build     the pruned tree, -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=native (dry run:
-            CUDA off), only CHECK_TARGETS
-  fallback  the scheduler's splits (GGML_SCHED_DEBUG=2, proof.splits) of the draft's graphs
-            on the GPU, with a draft of the real 512 + 64 latent (flash attention off/on,
-            F16 and Q8_0 cache) and, in `realsize`, the real-size draft: any node on the CPU
-            except the host-side token/Markov row lookups is a fallback
-  archs     the series' DFlash cases of `test-llama-archs -a dflash` (CUDA against the CPU)
-  parity    proof.parity's whole matrix with draft and target on the GPU; judged per mode by
-            `judge_mode` (the CPU bound where the run meets it, like with like; else the
-            largest bound the controls allow, with its measured headroom)
-  realsize  the real-size draft block (random weights written there) timed by draft-bench on
-            the GPU against the HBM floor (bench.floors' bytes / the copy bandwidth measured
-            in the same run), for both v_b forms; the broadcast build also passes the F32
-            parity of one shape before its time counts
-  lossless  proof.lossless with `-ngl 99 -ngld 99` (llama-speculative-simple, llama-server -np 2)
+RUN (the device, or this machine with CUDA off: DRY_RUN=1; device.check.run_check), offline,
+inside a time budget, writing report.json and report.md under $OUT (device) or
+work/device-check/ (dry run) after every stage. STAGES, in order (DEFAULT_STAGES run unless
+--stages / MLA_STAGES names others):
+  build     the pruned tree with CUDA (native architecture), only the chosen stages' targets
+  fallback  the scheduler's splits of a 512 + 64 latent draft's graphs: no node on the CPU
+  archs     the series' DFlash cases of test-llama-archs (CUDA against the CPU)
+  parity    like with like (device.crossparity, device.judge), then the host CPU against float64
+  realsize  the real-size block against the HBM floor, and where its time goes (device.profile)
+  host      lscpu, AMX, the #18099 reproducer on CPU builds of the base and loader-probe (device.host)
+  threads   llama-bench rows of the CPU stacks at 16, 8, 4 and 1 threads (device.host)
+  vb-forms  the other v_b form, built, proven and timed (answered on 2026-12-04)
+  lossless  speculative decoding with -ngl 99 -ngld 99 (answered on 2026-12-04)
 """
 
 from __future__ import annotations
@@ -49,6 +42,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from llamacpp_mla_port.build import TARGET_SETS
+from llamacpp_mla_port.device.variants import prepare_variants
 from llamacpp_mla_port.errors import DeviceCheckError
 from llamacpp_mla_port.process import run
 from llamacpp_mla_port.stages import write_json
@@ -60,8 +55,14 @@ DEVICE_COMMAND = "bash work/device-bundle/run.sh"
 DEVICE_CALL = f'run(command="{DEVICE_COMMAND}", carry=["work/device-bundle"], timeout_s=560)'
 #: the device's wall-clock budget for the whole driver (the call's 560 s leave room to stop)
 DEVICE_BUDGET_S = 540
+#: the second call, at once while the machine is warm: the stages the first could not fit
+SECOND_CALL = (f'run(command="MLA_STAGES=STAGES MLA_BUDGET_S=B {DEVICE_COMMAND}", carry=["work/device-bundle"], '
+               'timeout_s=B+20)')
 
-CHECK_TARGETS = ("llama-server", "llama-simple", "llama-speculative-simple", "test-llama-archs")
+#: libllama and its ggml libraries: every proof program links them
+BASE_TARGETS = ("llama",)
+#: what a stage runs besides the proof programs
+STAGE_TARGETS = {"archs": ("test-llama-archs",), "lossless": TARGET_SETS["smoke"]}
 CUDA_CMAKE_ARGS = ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=native")
 #: offline: no UI download at build time (the server runs --no-webui)
 COMMON_CMAKE_ARGS = ("-DLLAMA_USE_PREBUILT_UI=OFF",)
@@ -70,10 +71,16 @@ PLACEMENT_ARGS = ("-ngl", "99", "-ngld", "99")
 #: the draft K/V cache type the lossless stage also runs (upstream #25725: a quantized draft
 #: cache lost almost all acceptance on other drafts)
 QUANTIZED_DRAFT_CACHE = "q8_0"
-#: the check's stages in the order it runs them (device/check.Check.run iterates this)
-STAGES = ("build", "fallback", "archs", "parity", "realsize", "lossless")
+#: the check's stages in the order it runs them (device.check.run_check; module doc)
+STAGES = ("build", "fallback", "archs", "parity", "realsize", "host", "threads", "vb-forms", "lossless")
+#: the stages of a plain run, in priority order (issue 46): parity and the block's profile, the
+#: host CPU, the thread rows
+DEFAULT_STAGES = ("build", "fallback", "archs", "parity", "realsize", "host", "threads")
+NOT_CHOSEN_WHY = {"vb-forms": "answered on 2026-12-04 (the series' form 7 % faster on the H200)",
+                  "lossless": "answered on 2026-12-04 (0 mismatches in 24 settings)"}
 #: about how long each stage after the build needs: one with less of the budget left is skipped
-STAGE_NEEDS_S = {"fallback": 20, "archs": 20, "parity": 60, "realsize": 90, "lossless": 60}
+STAGE_NEEDS_S = {"fallback": 15, "archs": 10, "parity": 60, "realsize": 40, "host": 40, "threads": 30,
+                 "vb-forms": 60, "lossless": 60}
 
 # ---------------------------------------------------------------------------------------
 # the pruned tree
@@ -295,21 +302,25 @@ def bundle_readme(manifest: dict) -> str:
     lines = [
         "# The GPU check bundle (made by `make device-check`)",
         "",
-        "Run it on a device machine with exactly this call (one call, ~9 minutes of device time):",
+        "Run it on a device machine with exactly this call (~9 minutes of device time):",
         "",
         "```",
         DEVICE_CALL,
         "```",
         "",
-        "It builds the pruned patched tree with CUDA (native architecture only), runs the parity",
-        "matrix and the lossless runs with target and draft on the GPU, checks the scheduler's",
-        "splits for CPU fallbacks and times the real-size draft block against the HBM floor for",
-        "both v_b forms. It writes report.json and report.md under $OUT; the reply's tail shows",
-        "the markdown report (logs.tar.gz beside it). A stage the budget could not fit is listed",
-        "as not run; rerun it at once, while the machine is warm (its build in /tmp is reused):",
+        "In priority order it builds the pruned patched tree with CUDA, checks that the draft's graphs",
+        "run on the GPU, judges parity like with like (the draft's GPU logits against its CPU logits,",
+        "bounded by what the same modes do to deepseek2's MLA, with gross controls), times the",
+        "real-size block against the HBM floor with a per-node profile, then describes the host CPU",
+        "(lscpu, AMX, the #18099 reproducer) and runs the CPU stacks' llama-bench rows at 16, 8, 4",
+        "and 1 threads; the CPU builds those need run in the background meanwhile. report.json,",
+        "report.md, logs.tar.gz and thread-rows.jsonl come back under $OUT; the reply's tail shows",
+        "the markdown report. A stage the budget could not fit is listed as not run: rerun those",
+        "at once, while the machine is warm (its builds in /tmp are reused), with the seconds left",
+        "(B, about what `status` gives minus a minute; STAGES as the report lists them):",
         "",
         "```",
-        f'run(command="MLA_STAGES=lossless {DEVICE_COMMAND}", carry=["work/device-bundle"], timeout_s=300)',
+        SECOND_CALL,
         "```",
         "",
         "On a CPU machine: `make device-check DRY_RUN=1` runs the same steps with CUDA off.",
@@ -323,8 +334,9 @@ def bundle_readme(manifest: dict) -> str:
     return "\n".join(lines)
 
 
-def prepare_bundle(tree: Path, build: Path, bundle: Path, repo_root: Path | None = None,
-                   wheel_cache: Path | None = None, n_prompts: int = 8, fixtures: bool = True, log=print) -> dict:
+def prepare_bundle(tree: Path, build: Path, bundle: Path, templates_dir: Path, patches_dir: Path,
+                   repo_root: Path | None = None, wheel_cache: Path | None = None, n_prompts: int = 8,
+                   fixtures: bool = True, log=print) -> dict:
     """Write the bundle (module doc) into `bundle` (replaced); its manifest. Fails when what
     one device call would carry (the bundle + the checkout's travelling files) is over 64 MiB.
     `fixtures=False` leaves out the converted fixtures (minutes of converter runs; tests)."""
@@ -336,6 +348,9 @@ def prepare_bundle(tree: Path, build: Path, bundle: Path, repo_root: Path | None
     tar = write_tree_tarball(tree, bundle / "llama.cpp.tar.gz")
     log(f"device-check: pruned tree {tar['files']} files, {tar['bytes_uncompressed']:,} B -> "
         f"{tar['bytes']:,} B compressed")
+    variants = prepare_variants(tree, templates_dir, patches_dir, bundle / "variants", keep_in_tree)
+    log(f"device-check: CPU variants: base ({len(variants['base']['files'])} files), "
+        + ", ".join(f"{k} ({len(v['files'])})" for k, v in variants["stacks"].items()))
     overlay = bundle / "overlay" / "broadcast" / DFLASH_SOURCE
     overlay.parent.mkdir(parents=True)
     overlay.write_text(broadcast_dflash_source((tree / DFLASH_SOURCE).read_text()))
@@ -350,7 +365,8 @@ def prepare_bundle(tree: Path, build: Path, bundle: Path, repo_root: Path | None
     (bundle / "run.sh").write_text(RUN_SH)
     (bundle / "run.sh").chmod(0o755)
     tree_head = run(["git", "-C", tree, "log", "-1", "--format=%H %s"], timeout=120).stdout.strip()
-    sizes = {"llama.cpp.tar.gz": tar["bytes"], "overlay": folder_bytes(bundle / "overlay"),
+    sizes = {"llama.cpp.tar.gz": tar["bytes"], "variants": folder_bytes(bundle / "variants"),
+             "overlay": folder_bytes(bundle / "overlay"),
              "wheels": folder_bytes(bundle / "wheels"), "src": pkg, "fixtures": fixtures["bytes"],
              "run.sh": (bundle / "run.sh").stat().st_size}
     manifest = {"tree": str(tree), "tree_head": tree_head, "build_used_for_fixtures": str(build),

@@ -1,106 +1,204 @@
-"""report.md of the device check: what ran, the verdict per stage and every figure."""
+"""report.md of the device check: what ran (and what did not, and why), each stage's verdict and
+every figure, in tables."""
 
 from __future__ import annotations
 
+import math
+
 
 def _fmt(x, spec=".2e") -> str:
-    return "-" if x is None else format(x, spec)
+    return "-" if x is None else ("inf" if isinstance(x, float) and math.isinf(x) else format(x, spec))
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x * 1e3:.3f} ms"
 
 
 def format_report(r: dict) -> str:
-    """report.md: what ran, the verdict per stage and every figure, in tables."""
+    """report.md (module doc)."""
+    gpu = r.get("figures_from_gpu")
     lines = [f"# GPU check report ({r['kind']})", ""]
-    if not r.get("figures_from_gpu"):
-        lines += ["**Dry run with CUDA off: no figure here comes from a GPU.** It proves the steps run end to "
-                  "end; on a device machine run:", "", f"    {r['device_call']}", ""]
+    if not gpu:
+        lines += ["**Dry run with CUDA off: no figure here comes from a GPU.** The \"device\" side of every "
+                  "comparison is this machine's CPU build, so each like-with-like deviation is exactly 0; the "
+                  "run proves the steps end to end. On a device machine run:", "", f"    {r['device_call']}", ""]
     env = r.get("environment", {})
     budget = f"a budget of {r['budget_s']} s" if r.get("budget_s") else "no budget"
     lines += [f"- started {r.get('started_utc', '?')}, {r.get('seconds', 0)} s ({budget}); {env.get('cpus')} CPUs; "
-              f"GPU: {env.get('nvidia_smi') or 'none'}; "
-              f"nvcc: {env.get('nvcc') or 'none'}; torch {env.get('torch')}", "",
-              "| stage | verdict | seconds |", "|---|---|---|"]
+              f"GPU: {env.get('nvidia_smi') or 'none'}; nvcc: {env.get('nvcc') or 'none'}; torch {env.get('torch')}",
+              "", "| stage | verdict | seconds |", "|---|---|---|"]
     for name, st in r.get("stages", {}).items():
         verdict = st.get("skipped") or ("ok" if st.get("ok") else "FAILED: " + st.get("error", "see report.json")[:200])
         lines.append(f"| {name} | {verdict} | {st.get('seconds', '-')} |")
-    lines.append("")
+    dropped = [n for n, st in r.get("stages", {}).items() if st.get("skipped")]
+    lines += ["", "Not run for lack of time (run them in a second call): " + (", ".join(dropped) or "none") + ".",
+              "Not asked for: " + ("; ".join(f"{k} ({v})" for k, v in r.get("not_chosen", {}).items()) or "none")
+              + ".", ""]
     if "build" in r:
         b = r["build"]
-        lines += [f"Build: {' '.join(b['cmake_args'])}; targets {', '.join(b['targets'])}; "
-                  f"{b.get('seconds', '-')} s.", ""]
-    if "fallback" in r or "fallback_problems" in r:
-        lines += ["## CPU fallback (the scheduler's splits, GGML_SCHED_DEBUG=2)", "",
-                  "| run | draft graphs | splits (backends) | nodes per backend | CPU fallback ops |",
-                  "|---|---|---|---|---|"]
-        runs = dict(r.get("fallback", {}).get("runs", {}))
-        if "realsize" in r and "fallback" in r["realsize"]:
-            runs["real-size, FA on, F16"] = r["realsize"]["fallback"]
-        for key, fr in runs.items():
-            for g in fr["graphs"]:
-                lines.append(f"| {key} {g['kind']} | {fr['n_draft_graphs']} | {g['n_splits']} "
-                             f"({', '.join(g['split_backends'])}) | {g['nodes_per_backend']} | "
-                             f"{', '.join(fr['fallback_ops']) or 'none'} |")
-        probs = r.get("fallback_problems") or []
-        lines += ["", "Problems: " + ("; ".join(probs) if probs else "none") +
-                  ("" if r.get("figures_from_gpu") else " (CPU only: there is no GPU to fall back from)"), ""]
-    if "parity" in r:
-        lines += [f"## Parity (draft and target on {r['parity']['devices']})", "",
-                  "| mode | compared | worst NMSE | CPU bound | bound used | basis | headroom | control limit | "
-                  "suggested (10x) | nearest gross control | 1 % scale | controls fail | chains | ok |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for name, j in r["parity"]["modes"].items():
-            near = j["nearest_gross_control"]
-            lines.append(
-                f"| {name} | {j['compared']} | {_fmt(j['figure'])} | {_fmt(j['cpu_bound'], '.0e')} | "
-                f"{_fmt(j['bound'])} | {j['basis']} | {_fmt(j['headroom'], '.0f')}x | {_fmt(j['control_limit'])} | "
-                f"{_fmt(j['suggested_bound'])} ({'ok' if j['suggested_ok'] else 'too loose'}) | "
-                f"{near['name']} {_fmt(near['nmse'], '.1e')} | {_fmt(j['kq_scale_1pct'], '.1e')} | "
-                f"{'yes' if all(j['controls_fail'].values()) else 'NO'} | {j['chains_equal']}/{j['cases']} equal | "
-                f"{'ok' if j['ok'] else 'FAIL'} |")
-        lines.append("")
-    if "lossless" in r:
-        ls = r["lossless"]
-        lines += [f"## Lossless (placement `{ls.get('placement')}`)", "",
-                  "| program | draft | k | FA | p_min | identical | drafted | accepted |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for prog in ("speculative_simple", "server"):
-            for row in ls.get(prog, []):
-                lines.append(f"| {prog.replace('_', '-')} | {row['draft']} | {row['draft_max']} | "
-                             f"{'on' if row['flash_attn'] else 'off'} | {row['p_min']} | "
-                             f"{row['identical']}/{row['of']} | "
-                             f"{row['drafted']} | {row['accepted']} |")
-        if ls.get("draft_cache"):
-            lines += ["", "Quantized draft K/V cache (the bigram-blocks draft, speculative-simple, FA on, p_min 0):", "",
-                      "| draft cache | k | identical | drafted | accepted | F16 cache: identical | drafted | accepted |",
-                      "|---|---|---|---|---|---|---|---|"]
-            for row in ls["draft_cache"]:
-                lines.append(f"| {row['cache']} | {row['draft_max']} | {row['identical']}/{row['of']} | "
-                             f"{row['drafted']} | {row['accepted']} | {row['f16_identical']}/{row['of']} | "
-                             f"{row['f16_drafted']} | {row['f16_accepted']} |")
-        lines += ["", f"Mismatches: {ls.get('n_mismatches')}; bigram draft accepted "
-                      f"{ls.get('bigram_accepted')} tokens.", ""]
-    if "realsize" in r:
-        rs = r["realsize"]
-        cfg = rs.get("models", {}).get("config", {})
-        bw = rs.get("bandwidth", {})
-        bw_bytes = rs.get("block_work", {}).get("bytes_weights", 0) + rs.get("block_work", {}).get("bytes_cache", 0)
-        floor_key = "HBM floor" if r.get("figures_from_gpu") else "memory floor (host)"
-        lines += ["## Real-size draft block (7 tokens over 512 cached rows, FA on, F16 cache)", ""]
-        if not r.get("figures_from_gpu"):
-            lines += ["Dry run: a reduced config on this CPU, whatever else it runs; these times prove the stage "
-                      "runs, they compare nothing.", ""]
-        lines += [
-                  f"Draft n_embd {cfg.get('n_embd')}, vocab {cfg.get('n_vocab')}, {cfg.get('draft', {})}; "
-                  f"bytes read {bw_bytes:,}; "
-                  f"copy bandwidth {_fmt(bw.get('gbps'), '.1f')} GB/s ({bw.get('device')}, read + write)", "",
-                  f"| v_b form | block median | min | {floor_key} | over the floor |", "|---|---|---|---|---|"]
-        for form, f in rs.get("forms", {}).items():
-            lines.append(f"| {form} | {f['block_median_s'] * 1e3:.3f} ms | {f['block_min_s'] * 1e3:.3f} ms | "
-                         f"{f['floor_s'] * 1e3:.3f} ms | {f['over_floor']:.2f}x |")
-        if "permuted_over_broadcast" in rs:
-            pp = rs.get("broadcast_parity_f32", {})
-            lines += ["", f"Permuted (the series) / broadcast = {rs['permuted_over_broadcast']:.3f} "
-                          f"(faster: {rs['faster_form']}); the broadcast build's F32 parity ({pp.get('config')}): NMSE {_fmt(pp.get('worst_nmse'))} "
-                          f"<= {_fmt(pp.get('bound'), '.2e')} ({pp.get('basis', 'CPU bound')}): {'ok' if pp.get('ok') else 'FAIL'}."]
-        lines.append("")
+        lines += [f"Build: {' '.join(b['cmake_args'])}; targets {', '.join(b['targets'])}; {b.get('seconds', '-')} s.", ""]
+    for section in (_fallback, _parity, _realsize, _host, _threads, _lossless):
+        lines += section(r, gpu)
     lines.append(f"Overall: {'ok' if r.get('ok') else 'NOT ok'}.")
     return "\n".join(lines) + "\n"
+
+
+def _fallback(r: dict, gpu: bool) -> list[str]:
+    if "fallback" not in r and "fallback_problems" not in r:
+        return []
+    lines = ["## CPU fallback (the scheduler's splits, GGML_SCHED_DEBUG=2)", "",
+             "| run | draft graphs | splits (backends) | nodes per backend | CPU fallback ops |", "|---|---|---|---|---|"]
+    runs = dict(r.get("fallback", {}).get("runs", {}))
+    if "fallback" in r.get("realsize", {}):
+        runs["real-size, FA on, F16"] = r["realsize"]["fallback"]
+    for key, fr in runs.items():
+        for g in fr["graphs"]:
+            lines.append(f"| {key} {g['kind']} | {fr['n_draft_graphs']} | {g['n_splits']} "
+                         f"({', '.join(g['split_backends'])}) | {g['nodes_per_backend']} | "
+                         f"{', '.join(fr['fallback_ops']) or 'none'} |")
+    probs = r.get("fallback_problems") or []
+    return lines + ["", "Problems: " + ("; ".join(probs) if probs else "none") +
+                    ("" if gpu else " (CPU only: there is no GPU to fall back from)"), ""]
+
+
+def _parity(r: dict, gpu: bool) -> list[str]:
+    p = r.get("parity")
+    if not p:
+        return []
+    lines = []
+    like = p.get("like_with_like")
+    if like:
+        lines += [f"## Parity like with like (draft and target on {like['devices']} against the CPU)", "",
+                  "Bound: 10x what the same mode does to deepseek2's MLA at the draft's geometry between the same "
+                  "device and the CPU in this run; gross controls (drafts with a known mistake, on the device, against "
+                  "the right draft's CPU logits) must land 100x above the draft's deviation and fail the bound.", "",
+                  "| mode | draft (worst NMSE) | deepseek2 | bound | headroom | chains | nearest control | separation "
+                  "| fallback ops (draft / deepseek2) | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, m in like["modes"].items():
+            near = min(m["controls"].items(), key=lambda kv: kv[1], default=("none", None))
+            lines.append(f"| {name} | {_fmt(m['draft'])} | {_fmt(m['twin'])} | {_fmt(m['bound'])} | "
+                         f"{_fmt(m['headroom'], '.0f')}x | {m['chains_equal']}/{m['cases']} equal | {near[0]} "
+                         f"{_fmt(near[1], '.1e')} | {_fmt(m['separation'].get(near[0]), '.0f')}x | "
+                         f"{', '.join(m['draft_fallback_ops']) or 'none'} / {', '.join(m['twin_fallback_ops']) or 'none'}"
+                         f" | {'ok' if m['ok'] else 'FAIL: ' + '; '.join(m['why'])} |")
+        names = sorted({c for m in like["modes"].values() for c in m["controls"]})
+        lines += ["", "Each gross control's separation (its smallest figure / the draft's deviation):", "",
+                  "| mode | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for name, m in like["modes"].items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{_fmt(m['controls'].get(c), '.1e')} ({_fmt(m['separation'].get(c), '.0f')}x)" for c in names) + " |")
+        lines.append("")
+    cpu = p.get("cpu")
+    if cpu:
+        lines += ["## Parity of the host CPU against float64 (the CPU bounds)", "",
+                  "| mode | compared | worst NMSE | bound | headroom | vs float64 | nearest gross control | 1 % scale "
+                  "| controls fail | chains | ok |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, j in cpu["modes"].items():
+            near = j["nearest_gross_control"]
+            lines.append(f"| {name} | {j['compared']} | {_fmt(j['figure'])} | {_fmt(j['bound'], '.0e')} | "
+                         f"{_fmt(j['headroom'], '.0f')}x | {_fmt(j['worst_nmse_vs_float64'])} | {near['name']} "
+                         f"{_fmt(near['nmse'], '.1e')} | {_fmt(j['kq_scale_1pct'], '.1e')} | "
+                         f"{'yes' if all(j['controls_fail'].values()) else 'NO'} | {j['chains_equal']}/{j['cases']} "
+                         f"equal | {'ok' if j['ok'] else 'FAIL'} |")
+        lines.append("")
+    return lines
+
+
+def _realsize(r: dict, gpu: bool) -> list[str]:
+    rs = r.get("realsize")
+    if not rs:
+        return []
+    cfg, bw = rs.get("models", {}).get("config", {}), rs.get("bandwidth", {})
+    floor_key = "HBM floor" if gpu else "memory floor (host)"
+    lines = ["## Real-size draft block (7 tokens over 512 cached rows, FA on, F16 cache)", ""]
+    if not gpu:
+        lines += ["Dry run: a reduced config on this CPU, whatever else it runs; these times prove the stage runs, "
+                  "they compare nothing.", ""]
+    lines += [f"Draft n_embd {cfg.get('n_embd')}, vocab {cfg.get('n_vocab')}, {cfg.get('draft', {})}; bytes read "
+              f"{rs.get('block_work', {}).get('bytes_weights', 0) + rs.get('block_work', {}).get('bytes_cache', 0):,}; "
+              f"copy bandwidth {_fmt(bw.get('gbps'), '.1f')} GB/s ({bw.get('device')}, read + write)", "",
+              f"| v_b form | block median | min | {floor_key} | over the floor |", "|---|---|---|---|---|"]
+    for form, f in rs.get("forms", {}).items():
+        lines.append(f"| {form} | {_ms(f['block_median_s'])} | {_ms(f['block_min_s'])} | {_ms(f['floor_s'])} | "
+                     f"{f['over_floor']:.2f}x |")
+    if "permuted_over_broadcast" in rs:
+        pp = rs.get("broadcast_parity", {})
+        lines += ["", f"Permuted (the series) / broadcast = {rs['permuted_over_broadcast']:.3f} (faster: "
+                      f"{rs['faster_form']}); the broadcast build's parity ({pp.get('config')}): "
+                      f"{'ok' if pp.get('ok') else 'FAIL'}."]
+    prof = rs.get("profile")
+    if prof:
+        lines += ["", f"Where the block's time goes: one profiled block, {prof['n_nodes']} nodes synchronised one by "
+                      f"one, {_ms(prof['profiled_s'])} in all ({_ms(prof['net_s'])} net of "
+                      f"{_ms(prof['per_node_sync_s'])} per node, the median of the {prof['noop_nodes']} nodes that "
+                      f"compute nothing), against {_ms(prof['block_median_s'])} for a timed block and a floor of "
+                      f"{_ms(prof['floor_s'])}:", "",
+                  "| part | nodes | time | net | bytes read | floor | net over the floor |", "|---|---|---|---|---|---|---|"]
+        for g, row in prof["groups"].items():
+            lines.append(f"| {g} | {row['nodes']} | {_ms(row['seconds'])} | {_ms(row['net_seconds'])} | "
+                         f"{row['bytes']:,} | {_ms(row['floor_s'])} | {_fmt(row['over_floor'], '.2f')}x |")
+        lines += ["", "Heaviest nodes: " + "; ".join(f"{n['node']} x{n['count']} {_ms(n['seconds'])}"
+                                                     for n in prof["top_nodes"][:8]) + "."]
+    return lines + [""]
+
+
+def _host(r: dict, gpu: bool) -> list[str]:
+    h = r.get("host")
+    if not h:
+        return []
+    cpu = h["cpu"]
+    lines = ["## The host CPU", "", f"Model: {cpu.get('model')}; {cpu.get('cpus')} CPUs; ISA flags: "
+             f"{', '.join(cpu['flags']) or 'none of those asked'}; the run's own build compiled: "
+             f"{', '.join(k for k, v in h.get('build_features', {}).items() if v == 1) or '-'}.", "",
+             f"AMX: {h.get('amx_verdict', 'not judged (the reproducer did not run)')}", "", "<details><summary>lscpu</summary>",
+             "", "```", cpu.get("lscpu", "").strip(), "```", "", "</details>", ""]
+    rep = h.get("repro")
+    if rep:
+        lines += [f"#18099 reproducer ({rep['model']}): {rep['verdict']}", "",
+                  "| build | settings | outcome | model buffers | assert |", "|---|---|---|---|---|"]
+        for key, label in (("base_default", "base, default"), ("branch_default", "base + loader-probe, default"),
+                           ("before", "base, --repack 0"), ("after", "base + loader-probe, --repack 0,1")):
+            x = rep[key]
+            lines.append(f"| {label} | `{x['command'].split(' ', 1)[1]}` | {x['outcome']} | "
+                         f"{', '.join(x.get('model_buffers', [])) or '-'} | {x.get('assert') or '-'} |")
+        lines += ["", f"llama-bench, tokens/s: before {rep['before_ts']}; after {rep['after_ts']}.", ""]
+    return lines
+
+
+def _threads(r: dict, gpu: bool) -> list[str]:
+    t = r.get("thread_rows")
+    if not t:
+        return []
+    lines = ["## Thread rows: each CPU stack against the base, built alike (llama-bench, ABBA)", "",
+             f"Every row: {t['jsonl']} (here: thread-rows.jsonl; `scripts/compare-llama-bench.py -i "
+             "thread-rows.jsonl -b base -c STACK` tables them).", "",
+             "| stack | threads | depth | stack / base (median t/s) |", "|---|---|---|---|"]
+    for g in t["groups"]:
+        lines.append(f"| {g['stack']} | {g['threads']} | {g['args'][-1]} | "
+                     + ", ".join(f"{k} {v:.2f}x" for k, v in g["ratios"].items()) + " |")
+    lines += ["", "Dropped for lack of time: " + ("; ".join(f"{d['stack']} -t {d['threads']} -d {d['args'][-1]} "
+                                                          f"({d['why']})" for d in t["dropped"]) or "none") + ".", ""]
+    return lines
+
+
+def _lossless(r: dict, gpu: bool) -> list[str]:
+    ls = r.get("lossless")
+    if not ls:
+        return []
+    lines = [f"## Lossless (placement `{ls.get('placement')}`)", "",
+             "| program | draft | k | FA | p_min | identical | drafted | accepted |", "|---|---|---|---|---|---|---|---|"]
+    for prog in ("speculative_simple", "server"):
+        for row in ls.get(prog, []):
+            lines.append(f"| {prog.replace('_', '-')} | {row['draft']} | {row['draft_max']} | "
+                         f"{'on' if row['flash_attn'] else 'off'} | {row['p_min']} | {row['identical']}/{row['of']} | "
+                         f"{row['drafted']} | {row['accepted']} |")
+    if ls.get("draft_cache"):
+        lines += ["", "Quantized draft K/V cache (the bigram-blocks draft, speculative-simple, FA on, p_min 0):", "",
+                  "| draft cache | k | identical | drafted | accepted | F16 cache: identical | drafted | accepted |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for row in ls["draft_cache"]:
+            lines.append(f"| {row['cache']} | {row['draft_max']} | {row['identical']}/{row['of']} | {row['drafted']} | "
+                         f"{row['accepted']} | {row['f16_identical']}/{row['of']} | {row['f16_drafted']} | "
+                         f"{row['f16_accepted']} |")
+    return lines + ["", f"Mismatches: {ls.get('n_mismatches')}; bigram draft accepted {ls.get('bigram_accepted')} "
+                        "tokens.", ""]

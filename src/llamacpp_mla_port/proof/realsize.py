@@ -12,34 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.fixtures.realsize import real_draft_config, write_real_width_target
+from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
 from llamacpp_mla_port.stages import write_json
-
-REAL_TARGET_LAYERS = "MKKMKK"
-REAL_TARGET_RES_BLOCK = 2
-#: HF tap ids for the 6-layer synthetic target (llama.cpp target_layers = these + 1)
-REAL_TAPS = [0, 1, 2, 3, 4]
-
-
-def real_draft_config(taps=REAL_TAPS, n_target_layers: int = len(REAL_TARGET_LAYERS)) -> dict:
-    from llamacpp_mla_port.fixtures.checkpoint import k3_dspark_config
-    from llamacpp_mla_port.gguf.contract import K3_DSPARK_REAL_CONFIG
-    return k3_dspark_config(**{**K3_DSPARK_REAL_CONFIG, "target_layer_ids": list(taps),
-                               "target_num_hidden_layers": n_target_layers})
 
 
 def write_real_target(build: Path, out_dir: Path, seed: int = 0) -> Path:
-    """The widened Kimi-K3 target (module doc); reused when present."""
-    from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-    from llamacpp_mla_port.fixtures.target_variants import write_deep_kimi_k3_target, write_wide_kimi_k3_target
-
-    out_dir = Path(out_dir)
-    out = out_dir / "kimi-k3-real-width.gguf"
+    """The widened Kimi-K3 target (fixtures.realsize) from the build's tiny one; reused when present."""
+    out = Path(out_dir) / "kimi-k3-real-width.gguf"
     if out.is_file():
         return out
-    tiny = write_kimi_k3_target(build, out_dir / "kimi-k3-tiny.gguf")
-    deep = write_deep_kimi_k3_target(tiny, out_dir / "kimi-k3-deep.gguf", REAL_TARGET_LAYERS, REAL_TARGET_RES_BLOCK)
-    cfg = real_draft_config()
-    return write_wide_kimi_k3_target(deep, out, n_embd=cfg["target_hidden_size"], n_vocab=cfg["vocab_size"], seed=seed)
+    tiny = write_kimi_k3_target(build, Path(out_dir) / "kimi-k3-tiny.gguf")
+    return write_real_width_target(tiny, out_dir, seed=seed)
 
 
 def bigram_markov_head(bigrams: dict[int, int], vocab: int, rank: int, strength: float = 40.0) -> dict:
