@@ -352,3 +352,29 @@ def test_pruned_tree_configures_with_cuda(patched_tree, tmp_path):
     generated.append((tmp_path / "build" / "build.ninja").read_text() if (tmp_path / "build" / "build.ninja").is_file()
                      else "")
     assert cuda_dir.is_dir() and any("fattn.cu" in text for text in generated)
+
+
+# ---------------------------------------------------------------------------------------
+# the shape of device/
+
+DEVICE = Path(__file__).resolve().parents[2] / "src" / "llamacpp_mla_port" / "device"
+
+
+def oversized(paths, limit: int = 400) -> list[str]:
+    """Modules over `limit` lines, and classes other than plain data holders (no stage drivers)."""
+    import ast
+
+    out = [f"{p.name}: {n} lines" for p in paths if (n := len(p.read_text().splitlines())) > limit]
+    for p in paths:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name not in ("CheckRun",):
+                out.append(f"{p.name}: class {node.name}")
+    return out
+
+
+def test_device_modules_stay_small_and_drive_stages_as_functions(tmp_path):
+    assert oversized(sorted(DEVICE.glob("*.py"))) == []
+    # control: a long module and a driver class are both caught
+    (tmp_path / "long.py").write_text("x = 1\n" * 401)
+    (tmp_path / "drv.py").write_text("class Check:\n    def run(self):\n        pass\n")
+    assert oversized([tmp_path / "long.py", tmp_path / "drv.py"]) == ["long.py: 401 lines", "drv.py: class Check"]

@@ -34,18 +34,24 @@ work/device-check/ (dry run) after every stage. STAGES, in order (DEFAULT_STAGES
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import shutil
 import sys
 import tarfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 from llamacpp_mla_port.build import TARGET_SETS
 from llamacpp_mla_port.device.variants import prepare_variants
 from llamacpp_mla_port.errors import DeviceCheckError
+from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
 from llamacpp_mla_port.process import run
+from llamacpp_mla_port.proof.lossless import ALL_DRAFTS, prepare_pair
+from llamacpp_mla_port.proof.parity import MODES, PARITY_CONFIGS, make_draft
+from llamacpp_mla_port.proof.reference.model import read_target_head
 from llamacpp_mla_port.stages import write_json
 
 # the bundle and the dry run's report: project.Places.device_bundle / device_dry_out
@@ -149,7 +155,6 @@ def write_tree_tarball(tree: Path, out: Path) -> dict:
                                hint="run `make patch` (or point MLA_PORT_TREE at a patched tree)")
     raw = 0
     by_top: dict[str, int] = {}
-    import gzip
     with open(out, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", mtime=0, compresslevel=6) as gz, \
             tarfile.open(fileobj=gz, mode="w") as tar:
         for rel in files:
@@ -188,8 +193,6 @@ PIP_PLATFORM_ARGS = ("--only-binary=:all:", "--python-version", "3.12", "--imple
 def fetch_wheels(dest: Path, cache: Path, log=print) -> list[dict]:
     """The wheels of DEVICE_MISSING at the versions installed here: pip download into `cache`
     (kept between runs), copied into dest. No network and no cached wheel: DeviceCheckError."""
-    from importlib.metadata import version
-
     dest.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
     out = []
@@ -244,11 +247,6 @@ def _copy_package(dest: Path) -> int:
 def make_fixtures(tree: Path, build: Path, dest: Path, n_prompts: int, log=print) -> dict:
     """The tiny fixtures that need the pinned converter, made here (the device reuses them):
     the Kimi-K3 target, every parity checkpoint + draft, the lossless drafts."""
-    from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-    from llamacpp_mla_port.proof.lossless import ALL_DRAFTS, prepare_pair
-    from llamacpp_mla_port.proof.parity import MODES, PARITY_CONFIGS, make_draft
-    from llamacpp_mla_port.proof.reference.model import read_target_head
-
     dest.mkdir(parents=True, exist_ok=True)
     target = write_kimi_k3_target(build, dest / "kimi-k3-target.gguf")
     embd, _ = read_target_head(target)

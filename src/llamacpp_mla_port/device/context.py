@@ -96,10 +96,11 @@ class CheckRun:
         out, deadline = bins_dir(self.work, name), time.monotonic() + min(timeout, max(10.0, self.remaining()))
         builder = self.background.get("variants")
         while not (out / "done.json").is_file():
-            if (out / "failed.json").is_file() or builder is None or not builder.alive() \
-                    or time.monotonic() > deadline:
+            late = time.monotonic() > deadline
+            if (out / "failed.json").is_file() or builder is None or not builder.alive() or late:
                 tail = builder.log_tail() if builder else "no builder was started"
-                raise DeviceCheckError(f"the CPU build of {name} is not there", hint=tail[-1500:])
+                why = "not built within the time left" if late else "not built (the builder failed or ended)"
+                raise DeviceCheckError(f"the CPU build of {name}: {why}", hint=tail[-1500:])
             time.sleep(1.0)
         return out / "llama-bench"
 

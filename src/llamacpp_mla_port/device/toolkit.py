@@ -3,6 +3,7 @@ assembled from pip wheels lacks (cuBLAS, the driver library)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -20,7 +21,6 @@ def _first(paths) -> Path | None:
 
 def _python_nvidia_dirs() -> list[Path]:
     """Folders of the `nvidia` namespace package (pip's nvidia-cublas & co., as torch uses)."""
-    import importlib.util
     spec = importlib.util.find_spec("nvidia")
     return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
 

@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from llamacpp_mla_port.build import ensure_build
 from llamacpp_mla_port.errors import DeviceCheckError, PortError
 from llamacpp_mla_port.process import run
 from llamacpp_mla_port.series.spec import load_series
@@ -149,8 +150,6 @@ def bins_dir(work: Path, name: str) -> Path:
 
 def build_variants(bundle: Path, work: Path, jobs: int, names, log=print) -> None:
     """The background builder (module doc): base first, then each stack of `names`."""
-    from llamacpp_mla_port.build import ensure_build
-
     variants, work = Path(bundle) / "variants", Path(work)
     manifest = json.loads((variants / "variants.json").read_text())
     tree, build = work / "cpu" / "llama.cpp", work / "cpu" / "build"
