@@ -174,10 +174,11 @@ def test_each_control_draft_holds_its_one_mistake(dry, tmp_path):
     lora = PARITY_CONFIGS[0].overrides["kv_lora_rank"]
     right = {n: d for n, d, _ in Draft.read(draft).tensors}
     kvs = {k: v for k, v, *_ in Draft.read(draft).kvs}
-    swapped = {n: d for n, d, _ in Draft.read(write_control(draft, "latent_rope_swapped", tmp_path / "a.gguf",
-                                                             lora)).tensors}
+    control = write_control(draft, "latent_rope_swapped", tmp_path / "a.gguf", lora)
+    swapped = {n: d for n, d, _ in Draft.read(control).tensors}
     kv = "blk.0.attn_kv_a_mqa.weight"
-    assert np.array_equal(swapped[kv][:-lora], right[kv][lora:]) and np.array_equal(swapped[kv][-lora:], right[kv][:lora])
+    assert np.array_equal(swapped[kv][:-lora], right[kv][lora:])
+    assert np.array_equal(swapped[kv][-lora:], right[kv][:lora])
     assert all(np.array_equal(swapped[n], right[n]) for n in right if not n.endswith("attn_kv_a_mqa.weight"))
     kb = {n: d for n, d, _ in Draft.read(write_control(draft, "k_b_v_b_swapped", tmp_path / "b.gguf", lora)).tensors}
     assert np.array_equal(kb["blk.1.attn_k_b.weight"], right["blk.1.attn_v_b.weight"].transpose(0, 2, 1))

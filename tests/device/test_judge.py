@@ -163,8 +163,8 @@ def test_a_real_abort_and_a_run_are_told_apart():
 
 def test_thread_rows_run_the_cheap_groups_first_and_cap_a_dry_depth():
     stacks = {"cpu-q0-odd-columns": {"bench": {"types": ["q8_0", "q4_0"], "prompts": "1,2", "args": ["--repack", "0"]}},
-              "cpu-fa-kv-head-tiles": {"bench": {"types": ["q8_0"], "prompts": "1", "args": ["-fa", "1", "-d", "0,4096"],
-                                                 "reps": 1}}}
+              "cpu-fa-kv-head-tiles": {"bench": {"types": ["q8_0"], "prompts": "1", "reps": 1,
+                                                 "args": ["-fa", "1", "-d", "0,4096"]}}}
     mods = {"cpu-q0-odd-columns:q8_0": "a", "cpu-q0-odd-columns:q4_0": "b", "cpu-fa-kv-head-tiles:q8_0": "c"}
     groups = host.thread_row_groups(stacks, mods)
     assert [g["threads"] for g in groups[:3]] == [16, 16, 16] and groups[-1]["args"][-1] == "4096"

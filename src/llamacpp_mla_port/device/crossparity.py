@@ -20,6 +20,7 @@ same backend, and every deviation is exactly 0.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -126,18 +127,33 @@ def twin_logits(binary: Path, model: Path, tokens: list[int], pos0: int, n_out: 
     return np.load(out / "logits.npy")
 
 
+def _case_inputs(cfg: dict, pcfg: ParityConfig, seed: int, ci: int, n_ctx: int, hidden: int, vocab: int):
+    """The draft's features and block, and deepseek2's tokens (its context and block) of one case."""
+    rng = np.random.default_rng([seed, ci, n_ctx])
+    feats = rng.normal(size=(n_ctx, len(cfg["target_layer_ids"]) * hidden))
+    ids = [int(rng.integers(0, vocab))] + [cfg["mask_token_id"]] * (pcfg.block_size - 1)
+    toks = [int(t) for t in np.random.default_rng([seed, ci, n_ctx, 1]).integers(0, vocab, n_ctx + len(ids))]
+    return feats, ids, toks
+
+
+def _draft_run(job: tuple) -> DraftLogits:
+    return run_draft_logits(*job[:6], **job[6])
+
+
 def run_cross_parity(tree: Path, build: Path, fixtures: Path, work: Path, programs: Callable[[str], Path],
                      devices: str | None, threads: int = 4, configs=PARITY_CONFIGS, modes=MODES, seed: int = 0,
                      log=print) -> dict:
-    """The like-with-like matrix (module doc): per mode the worst figures, the controls and the verdict."""
+    """The like-with-like matrix (module doc): per mode the worst figures, the controls and the
+    verdict. The runs of one shape and mode go at once, as many as the cores take at `threads`."""
     target = fixtures / "kimi-k3-target.gguf"
     embd, _ = read_target_head(target)
     vocab, hidden = embd.shape
     dl, ml = programs("draft-logits"), programs("model-logits")
     env = {**os.environ, "GGML_SCHED_DEBUG": "2"} if devices else dict(os.environ)
-    place = {"draft_devices": devices, "target_devices": devices}
+    place = {"env": env, "draft_devices": devices, "target_devices": devices}
     report: dict = {"devices": devices or "CPU (dry run: the same backend on both sides)", "configs": {}}
-    per_mode: dict[str, dict] = {}
+    per_mode: dict[str, list] = {}
+    pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 1) // max(1, threads)))
     for pcfg in configs:
         cfg = hf_config(pcfg, hidden, vocab)
         tgt = target_with_layers(target, work, max(cfg["target_layer_ids"]) + 2)
@@ -149,37 +165,44 @@ def run_cross_parity(tree: Path, build: Path, fixtures: Path, work: Path, progra
             draft = fixtures / "parity" / f"{pcfg.name}-{mode.weights}" / "draft.gguf"
             if not draft.is_file():
                 raise DeviceCheckError(f"no parity draft {draft}", hint="the bundle's fixtures (make device-check)")
-            twin = write_deepseek2_twin(cfg, _WEIGHTS[mode.weights], work / "twins" / f"{pcfg.name}-{mode.weights}.gguf")
-            ctl = {c: write_control(draft, c, work / "controls" / f"{pcfg.name}-{mode.weights}-{c}.gguf",
+            twin = write_deepseek2_twin(cfg, _WEIGHTS[mode.weights], work / "twins" / f"{draft.parent.name}.gguf")
+            ctl = {c: write_control(draft, c, work / "controls" / f"{draft.parent.name}-{c}.gguf",
                                     cfg["kv_lora_rank"]) for c in CONTROLS}
-            cases = []
+            runs = []
             for ci, (pos0, n_ctx) in enumerate(mode.cases):
-                rng = np.random.default_rng([seed, ci, n_ctx])
-                feats = rng.normal(size=(n_ctx, len(cfg["target_layer_ids"]) * hidden))
-                ids = [int(rng.integers(0, vocab))] + [cfg["mask_token_id"]] * (pcfg.block_size - 1)
+                feats, ids, toks = _case_inputs(cfg, pcfg, seed, ci, n_ctx, hidden, vocab)
                 base = work / "runs" / pcfg.name / mode.name / f"case{ci}"
                 args = dict(ctx_pos0=pos0, flash_attn=mode.flash_attn, cache_type=mode.cache_type, threads=threads)
-                cpu = run_draft_logits(dl, draft, tgt, feats, ids, base / "cpu", **args)
-                dev = run_draft_logits(dl, draft, tgt, feats, ids, base / "device", env=env, **args, **place)
-                case = {"ctx_pos0": pos0, "n_ctx": n_ctx, "draft": figure(dev, cpu),
-                        "draft_fallback_ops": fallback_ops(base / "device" / "llama.log", True), "controls": {}}
-                for c, path in ctl.items():
-                    if path is not None and ci == 0:        # one case per shape and mode: device time
-                        got = run_draft_logits(dl, path, tgt, feats, ids, base / c, env=env, **args, **place)
-                        case["controls"][c] = figure(got, cpu)["worst"]
-                toks = [int(t) for t in np.random.default_rng([seed, ci, n_ctx, 1]).integers(0, vocab, n_ctx + len(ids))]
-                t_cpu = twin_logits(ml, twin, toks, pos0, len(ids), mode, base / "twin-cpu", threads, None, env)
-                t_dev = twin_logits(ml, twin, toks, pos0, len(ids), mode, base / "twin-device", threads, devices, env)
-                case["twin"] = nmse(t_dev, t_cpu)
-                case["twin_fallback_ops"] = fallback_ops(base / "twin-device" / "llama.log", False)
-                cases.append(case)
-                log(f"parity {pcfg.name} {mode.name} ctx {pos0}+{n_ctx}: draft {case['draft']['worst']:.3g}, "
-                    f"deepseek2 {case['twin']:.3g}, controls "
-                    + ", ".join(f"{k} {v:.2g}" for k, v in case["controls"].items()))
+                jobs = {"cpu": (dl, draft, tgt, feats, ids, base / "cpu", args),
+                        "device": (dl, draft, tgt, feats, ids, base / "device", {**args, **place})}
+                # the controls on one case per shape and mode: device time
+                jobs.update({c: (dl, path, tgt, feats, ids, base / c, {**args, **place})
+                             for c, path in ctl.items() if path is not None and ci == 0})
+                futures = {k: pool.submit(_draft_run, j) for k, j in jobs.items()}
+                for side, dev in (("twin-cpu", None), ("twin-device", devices)):
+                    futures[side] = pool.submit(twin_logits, ml, twin, toks, pos0, len(ids), mode, base / side,
+                                                threads, dev, env)
+                runs.append((pos0, n_ctx, base, futures))
+            cases = [_case(pos0, n_ctx, base, {k: f.result() for k, f in futures.items()})
+                     for pos0, n_ctx, base, futures in runs]
+            for c in cases:
+                log(f"parity {pcfg.name} {mode.name} ctx {c['ctx_pos0']}+{c['n_ctx']}: draft "
+                    f"{c['draft']['worst']:.3g}, deepseek2 {c['twin']:.3g}, controls "
+                    + ", ".join(f"{k} {v:.2g}" for k, v in c["controls"].items()))
             entry[mode.name] = {"cases": cases}
             per_mode.setdefault(mode.name, []).extend(cases)
+    pool.shutdown()
     report["modes"] = {name: summarize(cases) for name, cases in per_mode.items()}
     return report
+
+
+def _case(pos0: int, n_ctx: int, base: Path, got: dict) -> dict:
+    """One case's figures from its finished runs."""
+    return {"ctx_pos0": pos0, "n_ctx": n_ctx, "draft": figure(got["device"], got["cpu"]),
+            "draft_fallback_ops": fallback_ops(base / "device" / "llama.log", True),
+            "controls": {c: figure(got[c], got["cpu"])["worst"] for c in CONTROLS if c in got},
+            "twin": nmse(got["twin-device"], got["twin-cpu"]),
+            "twin_fallback_ops": fallback_ops(base / "twin-device" / "llama.log", False)}
 
 
 def summarize(cases: list[dict]) -> dict:

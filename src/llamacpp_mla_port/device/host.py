@@ -86,8 +86,8 @@ def threads_stage(run: CheckRun) -> bool:
     stacks = {n: st for n, st in variants_manifest(run.bundle).get("stacks", {}).items()
               if n in THREAD_PROMPTS and st.get("bench")}
     bins = {"base": run.variant_bench("base"), **{n: run.variant_bench(n) for n in stacks}}
-    models = {k: Path(run.model(k)["path"]) for k in (f"{n}:{q}" for n, st in stacks.items()
-                                                     for q in st["bench"]["types"])}
+    keys = [f"{n}:{q}" for n, st in stacks.items() for q in st["bench"]["types"]]
+    models = {k: Path(run.model(k)["path"]) for k in keys}
     threads = THREADS if run.cuda else (run.threads,) if run.quick else (run.threads, 1)
     groups = thread_row_groups(stacks, models, threads, max_depth=None if run.cuda else DRY_DEPTH,
                                prompts="1,7" if run.quick else None)

@@ -36,7 +36,8 @@ def format_report(r: dict) -> str:
               + ".", ""]
     if "build" in r:
         b = r["build"]
-        lines += [f"Build: {' '.join(b['cmake_args'])}; targets {', '.join(b['targets'])}; {b.get('seconds', '-')} s.", ""]
+        lines += [f"Build: {' '.join(b['cmake_args'])}; targets {', '.join(b['targets'])}; "
+                  f"{b.get('seconds', '-')} s.", ""]
     for section in (_fallback, _parity, _realsize, _host, _threads, _lossless):
         lines += section(r, gpu)
     lines.append(f"Overall: {'ok' if r.get('ok') else 'NOT ok'}.")
@@ -47,7 +48,8 @@ def _fallback(r: dict, gpu: bool) -> list[str]:
     if "fallback" not in r and "fallback_problems" not in r:
         return []
     lines = ["## CPU fallback (the scheduler's splits, GGML_SCHED_DEBUG=2)", "",
-             "| run | draft graphs | splits (backends) | nodes per backend | CPU fallback ops |", "|---|---|---|---|---|"]
+             "| run | draft graphs | splits (backends) | nodes per backend | CPU fallback ops |",
+             "|---|---|---|---|---|"]
     runs = dict(r.get("fallback", {}).get("runs", {}))
     if "fallback" in r.get("realsize", {}):
         runs["real-size, FA on, F16"] = r["realsize"]["fallback"]
@@ -79,7 +81,8 @@ def _parity(r: dict, gpu: bool) -> list[str]:
             lines.append(f"| {name} | {_fmt(m['draft'])} | {_fmt(m['twin'])} | {_fmt(m['bound'])} | "
                          f"{_fmt(m['headroom'], '.0f')}x | {m['chains_equal']}/{m['cases']} equal | {near[0]} "
                          f"{_fmt(near[1], '.1e')} | {_fmt(m['separation'].get(near[0]), '.0f')}x | "
-                         f"{', '.join(m['draft_fallback_ops']) or 'none'} / {', '.join(m['twin_fallback_ops']) or 'none'}"
+                         f"{', '.join(m['draft_fallback_ops']) or 'none'} / "
+                         f"{', '.join(m['twin_fallback_ops']) or 'none'}"
                          f" | {'ok' if m['ok'] else 'FAIL: ' + '; '.join(m['why'])} |")
         names = sorted({c for m in like["modes"].values() for c in m["controls"]})
         lines += ["", "Each gross control's separation (its smallest figure / the draft's deviation):", "",
@@ -133,7 +136,8 @@ def _realsize(r: dict, gpu: bool) -> list[str]:
                       f"{_ms(prof['per_node_sync_s'])} per node, the median of the {prof['noop_nodes']} nodes that "
                       f"compute nothing), against {_ms(prof['block_median_s'])} for a timed block and a floor of "
                       f"{_ms(prof['floor_s'])}:", "",
-                  "| part | nodes | time | net | bytes read | floor | net over the floor |", "|---|---|---|---|---|---|---|"]
+                  "| part | nodes | time | net | bytes read | floor | net over the floor |",
+                  "|---|---|---|---|---|---|---|"]
         for g, row in prof["groups"].items():
             lines.append(f"| {g} | {row['nodes']} | {_ms(row['seconds'])} | {_ms(row['net_seconds'])} | "
                          f"{row['bytes']:,} | {_ms(row['floor_s'])} | {_fmt(row['over_floor'], '.2f')}x |")
@@ -150,7 +154,8 @@ def _host(r: dict, gpu: bool) -> list[str]:
     lines = ["## The host CPU", "", f"Model: {cpu.get('model')}; {cpu.get('cpus')} CPUs; ISA flags: "
              f"{', '.join(cpu['flags']) or 'none of those asked'}; the run's own build compiled: "
              f"{', '.join(k for k, v in h.get('build_features', {}).items() if v == 1) or '-'}.", "",
-             f"AMX: {h.get('amx_verdict', 'not judged (the reproducer did not run)')}", "", "<details><summary>lscpu</summary>",
+             f"AMX: {h.get('amx_verdict', 'not judged (the reproducer did not run)')}", "",
+             "<details><summary>lscpu</summary>",
              "", "```", cpu.get("lscpu", "").strip(), "```", "", "</details>", ""]
     rep = h.get("repro")
     if rep:
@@ -176,8 +181,8 @@ def _threads(r: dict, gpu: bool) -> list[str]:
     for g in t["groups"]:
         lines.append(f"| {g['stack']} | {g['threads']} | {g['args'][-1]} | "
                      + ", ".join(f"{k} {v:.2f}x" for k, v in g["ratios"].items()) + " |")
-    lines += ["", "Dropped for lack of time: " + ("; ".join(f"{d['stack']} -t {d['threads']} -d {d['args'][-1]} "
-                                                          f"({d['why']})" for d in t["dropped"]) or "none") + ".", ""]
+    dropped = "; ".join(f"{d['stack']} -t {d['threads']} -d {d['args'][-1]} ({d['why']})" for d in t["dropped"])
+    lines += ["", f"Dropped for lack of time: {dropped or 'none'}.", ""]
     return lines
 
 
@@ -186,7 +191,8 @@ def _lossless(r: dict, gpu: bool) -> list[str]:
     if not ls:
         return []
     lines = [f"## Lossless (placement `{ls.get('placement')}`)", "",
-             "| program | draft | k | FA | p_min | identical | drafted | accepted |", "|---|---|---|---|---|---|---|---|"]
+             "| program | draft | k | FA | p_min | identical | drafted | accepted |",
+             "|---|---|---|---|---|---|---|---|"]
     for prog in ("speculative_simple", "server"):
         for row in ls.get(prog, []):
             lines.append(f"| {prog.replace('_', '-')} | {row['draft']} | {row['draft_max']} | "

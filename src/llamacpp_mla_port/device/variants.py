@@ -70,7 +70,8 @@ def prepare_variants(tree: Path, templates_dir: Path, patches_dir: Path, dest: P
     if dest.exists():
         shutil.rmtree(dest)
     base_sha = _git(tree, "rev-parse", "mla-port-base").strip()
-    changed = [ln.split("\t") for ln in _git(tree, "diff", "--name-status", "--no-renames", base_sha, "HEAD").splitlines()]
+    diff = _git(tree, "diff", "--name-status", "--no-renames", base_sha, "HEAD")
+    changed = [ln.split("\t") for ln in diff.splitlines()]
     manifest: dict = {"base_sha": base_sha, BASE: {"files": [], "delete": []}, "stacks": {}}
     for status, rel in changed:
         if not keep(rel):
