@@ -191,3 +191,11 @@ def test_the_model_plan_follows_the_stages(tmp_path):
     assert jobs["cpu-q0-odd-columns:q4_0"]["n_layer"] == 4 and not jobs["realsize"]["reduced"]
     dry = models.plan_jobs(("parity", "host"), tmp_path, tmp_path / "fx", True, variants)
     assert list(dry) == ["repro"] and dry["repro"]["kind"] == "twin"
+
+
+def test_a_group_is_estimated_from_the_same_rows_at_more_threads():
+    g = {"model": "m", "threads": 4, "args": ["-d", "0"]}
+    assert host.estimate({}, g) == pytest.approx(5.0 * 16 / 4)
+    measured = {(("m", "0"), 16): 2.0, (("m", "0"), 8): 3.0, (("other", "0"), 16): 0.1, (("m", "4096"), 16): 9.0}
+    assert host.estimate(measured, g) == pytest.approx(min(2.0 * 16 / 4, 3.0 * 8 / 4))
+    assert host.estimate(measured, {**g, "threads": 16}) == pytest.approx(2.0)

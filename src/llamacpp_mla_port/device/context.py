@@ -5,7 +5,6 @@ device/check.py drives the stages over it."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import signal
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from llamacpp_mla_port.device.variants import bins_dir
 from llamacpp_mla_port.errors import DeviceCheckError
 from llamacpp_mla_port.project import build_in, tree_in
 from llamacpp_mla_port.proof.run.processes import Owned
-from llamacpp_mla_port.proof.run.programs import compile_program, library_dir
+from llamacpp_mla_port.proof.run.programs import compile_program
 from llamacpp_mla_port.stages import Stages, write_json
 
 
@@ -79,9 +78,7 @@ class CheckRun:
 
     def program(self, name: str) -> Path:
         """A proof program compiled against this run's libllama (a rebuilt one gets fresh binaries)."""
-        lib = (library_dir(self.build) / "libllama.so").resolve()
-        key = hashlib.sha256(f"{lib}:{lib.stat().st_size}:{lib.stat().st_mtime_ns}".encode()).hexdigest()[:12]
-        return compile_program(name, self.tree, self.build, out_dir=self.work / "proof-bin" / key)
+        return compile_program(name, self.tree, self.build)
 
     def model(self, key: str, timeout: float = 1800) -> dict:
         """A file of the background model writer (device.models), once it is written."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -91,11 +92,16 @@ def threads_stage(run: CheckRun) -> bool:
     threads = THREADS if run.cuda else (run.threads,) if run.quick else (run.threads, 1)
     groups = thread_row_groups(stacks, models, threads, max_depth=None if run.cuda else DRY_DEPTH,
                                prompts="1,7" if run.quick else None)
+    jsonl = run.work / "host" / "thread-rows.jsonl"
+
+    def save(rep: dict) -> None:          # after every group: a call cut by its limit keeps the rows
+        run.report["thread_rows"] = rep
+        run.save()
+        shutil.copyfile(jsonl, run.out / "thread-rows.jsonl")
+
     with run.quiet():
-        rep = thread_rows(bins, groups, run.work / "host" / "thread-rows.jsonl", run.remaining, log=run.log)
-    run.report["thread_rows"] = rep
-    run.out.mkdir(parents=True, exist_ok=True)
-    (run.out / "thread-rows.jsonl").write_bytes(Path(rep["jsonl"]).read_bytes())
+        rep = thread_rows(bins, groups, jsonl, run.remaining, log=run.log, save=save)
+    save(rep)
     return all(r["outcome"] == "ran" for g in rep["groups"] for r in g["runs"])
 
 
@@ -202,31 +208,45 @@ def thread_row_groups(stacks: dict, models: dict[str, Path], threads=THREADS, ma
     return groups
 
 
+def estimate(measured: dict, g: dict) -> float:
+    """Seconds one llama-bench run of group `g` should take: the same model and depth measured
+    at more threads, scaled as if the work were all compute (an upper bound); 5 s x 16/t unseen."""
+    key, t = (g["model"], g["args"][-1]), g["threads"]
+    seen = [s * t_seen / t for (k, t_seen), s in measured.items() if k == key and t_seen >= t]
+    return min(seen) if seen else 5.0 * max(THREADS) / t
+
+
 def thread_rows(bins: dict[str, Path], groups: list[dict], out_jsonl: Path, remaining: Callable[[], float],
-                log=print) -> dict:
+                log=print, save: Callable[[dict], None] = lambda rep: None) -> dict:
     """Every group of `groups` whose time fits, sides in ABBA order (module doc); rows labelled
-    `build_commit` = the side (base or the stack's name) into out_jsonl."""
-    done, dropped, seconds = [], [], {}
+    `build_commit` = the side (base or the stack's name) into out_jsonl, the report handed to
+    `save` after every group. A run cut by the time left ends the rows."""
+    rep: dict = {"groups": [], "dropped": [], "jsonl": str(out_jsonl)}
+    measured: dict = {}
     out_jsonl.parent.mkdir(parents=True, exist_ok=True)
     with open(out_jsonl, "a") as fh:
-        for g in groups:
-            est = 2 * ROUNDS * seconds.get((g["stack"], g["threads"], g["args"][-1]), 5.0)
-            if remaining() < est * 1.3:
-                dropped.append({**g, "why": f"{remaining():.0f} s left, ~{est:.0f} s needed"})
+        for i, g in enumerate(groups):
+            est = 2 * ROUNDS * estimate(measured, g)
+            if remaining() < est * 1.3 + 10:
+                rep["dropped"].append({**g, "why": f"{remaining():.0f} s left, ~{est:.0f} s needed"})
                 continue
-            t0, runs = time.monotonic(), []
+            t0, runs, rows = time.monotonic(), [], []
             for side in ["base", g["stack"], g["stack"], "base"] * (ROUNDS // 2):
-                res = llama_bench(bins[side], Path(g["model"]), g["args"], timeout=max(60.0, remaining()))
+                res = llama_bench(bins[side], Path(g["model"]), g["args"], timeout=max(10.0, remaining() - 10))
                 runs.append({"side": side, "outcome": res["outcome"], "command": res["command"]})
                 for row in res["rows"]:
                     fh.write(json.dumps({**row, "build_commit": side}) + "\n")
-                g.setdefault("rows", []).extend({**r, "side": side} for r in res["rows"])
-            seconds[(g["stack"], g["threads"], g["args"][-1])] = (time.monotonic() - t0) / (2 * ROUNDS)
-            done.append({**g, "runs": runs, "ratios": ratios(g.get("rows", []), g["stack"])})
+                rows += [{**r, "side": side} for r in res["rows"]]
+            fh.flush()
+            measured[(g["model"], g["args"][-1]), g["threads"]] = (time.monotonic() - t0) / (2 * ROUNDS)
+            rep["groups"].append({**g, "runs": runs, "ratios": ratios(rows, g["stack"])})
             log(f"threads {g['stack']} -t {g['threads']} -d {g['args'][-1]}: "
-                + ", ".join(f"{k} {v:.2f}x" for k, v in done[-1]["ratios"].items()))
-    return {"groups": [{k: v for k, v in g.items() if k != "rows"} for g in done], "dropped": dropped,
-            "jsonl": str(out_jsonl)}
+                + ", ".join(f"{k} {v:.2f}x" for k, v in rep["groups"][-1]["ratios"].items()))
+            save(rep)
+            if any(r["outcome"] != "ran" for r in runs) and remaining() < 20:
+                rep["dropped"] += [{**h, "why": "the time ran out during the group before"} for h in groups[i + 1:]]
+                break
+    return rep
 
 
 def ratios(rows: list[dict], stack: str) -> dict[str, float]:
