@@ -166,7 +166,16 @@ def _host(r: dict, gpu: bool) -> list[str]:
             x = rep[key]
             lines.append(f"| {label} | `{x['command'].split(' ', 1)[1]}` | {x['outcome']} | "
                          f"{', '.join(x.get('model_buffers', [])) or '-'} | {x.get('assert') or '-'} |")
-        lines += ["", f"llama-bench, tokens/s: before {rep['before_ts']}; after {rep['after_ts']}.", ""]
+        b, a = rep["before_ts"], rep["after_ts"]
+        lines += ["", "llama-bench, tokens/s (the branch changes only where weights load: at --repack 0 both sides "
+                      "run the same code, a control):", "",
+                  "| test | base, --repack 0 | branch, --repack 0 | branch / base | branch, --repack 1 (default) |",
+                  "|---|---|---|---|---|"]
+        for test in sorted({k.split(" repack")[0] for k in (*b, *a)}):
+            b0, a0, a1 = b.get(f"{test} repack 0"), a.get(f"{test} repack 0"), a.get(f"{test} repack 1")
+            lines.append(f"| {test} | {_fmt(b0, '.2f')} | {_fmt(a0, '.2f')} | "
+                         f"{_fmt(a0 / b0 if a0 and b0 else None, '.3f')} | {_fmt(a1, '.2f')} |")
+        lines.append("")
     return lines
 
 
@@ -177,9 +186,9 @@ def _threads(r: dict, gpu: bool) -> list[str]:
     lines = ["## Thread rows: each CPU stack against the base, built alike (llama-bench, ABBA)", "",
              f"Every row: {t['jsonl']} (here: thread-rows.jsonl; `scripts/compare-llama-bench.py -i "
              "thread-rows.jsonl -b base -c STACK` tables them).", "",
-             "| stack | threads | depth | stack / base (median t/s) |", "|---|---|---|---|"]
+             "| stack | model type | threads | depth | stack / base (median t/s) |", "|---|---|---|---|---|"]
     for g in t["groups"]:
-        lines.append(f"| {g['stack']} | {g['threads']} | {g['args'][-1]} | "
+        lines.append(f"| {g['stack']} | {g.get('type', '-')} | {g['threads']} | {g['args'][-1]} | "
                      + ", ".join(f"{k} {v:.2f}x" for k, v in g["ratios"].items()) + " |")
     dropped = "; ".join(f"{d['stack']} -t {d['threads']} -d {d['args'][-1]} ({d['why']})" for d in t["dropped"])
     lines += ["", f"Dropped for lack of time: {dropped or 'none'}.", ""]
