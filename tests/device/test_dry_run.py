@@ -123,7 +123,7 @@ def test_the_block_profile_adds_up(dry):
 
 def test_host_reports_the_cpu_and_runs_the_reproducer(dry):
     host = dry.report["host"]
-    assert host["cpu"]["lscpu"] and host["cpu"]["model"]
+    assert host["cpu"]["model"] and (host["cpu"]["lscpu"] or not shutil.which("lscpu"))
     rep = host["repro"]
     assert rep["branch_default"]["outcome"] == "ran" and rep["after"]["outcome"] == "ran"
     assert any("repack 1" in k for k in rep["after_ts"]) and any("repack 0" in k for k in rep["before_ts"])

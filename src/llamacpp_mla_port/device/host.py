@@ -112,17 +112,15 @@ def cpu_description() -> dict:
         text = proc.stdout if proc.returncode == 0 else ""
     except ProcessError:
         text = ""
-    fields = dict(ln.split(":", 1) for ln in text.splitlines() if ":" in ln)
-    flags: set[str] = set()
-    try:
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("flags"):
-                flags = set(ln.split(":", 1)[1].split())
-                break
+    fields = {k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in text.splitlines() if ":" in ln)}
+    try:                              # the first CPU's entries (no lscpu: its model name from here too)
+        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     except OSError:
-        pass
-    return {"lscpu": text, "model": fields.get("Model name", "").strip() or None,
-            "cpus": fields.get("CPU(s)", "").strip() or None,
+        info = ""
+    cpuinfo = {k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in info.splitlines() if ":" in ln)}
+    flags = set(cpuinfo.get("flags", "").split())
+    return {"lscpu": text, "model": fields.get("Model name") or cpuinfo.get("model name"),
+            "cpus": fields.get("CPU(s)"),
             "flags": [f for f in ISA_FLAGS if f in flags], "amx": all(f in flags for f in AMX_FLAGS[:2])}
 
 
