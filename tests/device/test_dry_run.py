@@ -126,6 +126,7 @@ def test_host_reports_the_cpu_and_runs_the_reproducer(dry):
     assert host["cpu"]["model"] and (host["cpu"]["lscpu"] or not shutil.which("lscpu"))
     rep = host["repro"]
     assert rep["branch_default"]["outcome"] == "ran" and rep["after"]["outcome"] == "ran"
+    assert rep["after_amx"]["outcome"] == "ran" or host["cpu"]["amx"]     # AMX: the tile bug may crash it
     assert any("repack 1" in k for k in rep["after_ts"]) and any("repack 0" in k for k in rep["before_ts"])
     # here the base is the patched build: where the CPU has AMX the stage must say it did not reproduce
     assert rep["ok"] is (not host["cpu"]["amx"]) and dry.report["stages"]["host"]["ok"] is rep["ok"]

@@ -159,6 +159,9 @@ def test_a_real_abort_and_a_run_are_told_apart():
                               json.dumps({"n_prompt": 512, "n_gen": 0, "avg_ts": 10.0}) + "\n"))
     assert ran["outcome"] == "ran" and ran["model_buffers"] == ["AMX"]
     assert host.classify(_proc("import sys; sys.exit(3)"))["outcome"] == "failed"
+    # ggml's AMX Q8_0 tile bug as GCC 12 builds it dies of SIGILL (issue 33): a crash, not an abort
+    assert host.classify(_proc("import os, signal; os.kill(os.getpid(), signal.SIGILL)"))["outcome"] == \
+        "crashed (SIGILL)"
 
 
 def test_thread_rows_run_the_cheap_groups_first_and_cap_a_dry_depth():

@@ -1,8 +1,8 @@
-"""The device check's driver (RUN): over one run context (device.context.CheckRun), the stages in
-order through the one stage runner inside the time budget, the report saved after every stage (a run stopped by
-its time limit still leaves one), and the background processes it owns: the model writer
-(device.models) and the CPU variants' builder (device.variants, lowest priority), both paused
-while a stage times something (`CheckRun.quiet`).
+"""The device check's driver (RUN): over one run context (device.context.CheckRun), the stages
+in order through the one stage runner inside the time budget, the report saved after every
+stage (a run stopped by its time limit still leaves one), and the background processes it owns:
+the model writer (device.models) and the CPU variants' builder (device.variants, lowest
+priority), both paused while a stage times something (`CheckRun.quiet`).
 
 The stage functions (NAME_stage(run) -> bool) live beside it: backend (build, fallback, archs,
 lossless), crossparity (parity), block (realsize, vb-forms), host (host, threads);
@@ -25,6 +25,7 @@ from llamacpp_mla_port import process
 from llamacpp_mla_port.device import backend, block, bundle, crossparity, host
 from llamacpp_mla_port.device.context import CheckRun
 from llamacpp_mla_port.device.models import plan_jobs
+from llamacpp_mla_port.device.variants import STACK_STAGE
 from llamacpp_mla_port.errors import DeviceCheckError, PortError, ProcessError
 from llamacpp_mla_port.proof.run.processes import Owned
 from llamacpp_mla_port.stages import StageFailed, Stages, write_json
@@ -100,8 +101,7 @@ def start_models(run: CheckRun) -> None:
 
 def start_builder(run: CheckRun) -> None:
     """The CPU builds of the base and the stacks the host stages need, at the lowest priority."""
-    wanted = [s for s, st in (("loader-probe", "host"), ("cpu-q0-odd-columns", "threads"),
-                              ("cpu-fa-kv-head-tiles", "threads")) if st in run.stages]
+    wanted = [s for s, stage in STACK_STAGE.items() if stage in run.stages]
     if not wanted:
         return
     run.background["variants"] = Owned(["nice", "-n", "19", sys.executable, "-m", "llamacpp_mla_port.device.variants",

@@ -162,7 +162,8 @@ def _host(r: dict, gpu: bool) -> list[str]:
         lines += [f"#18099 reproducer ({rep['model']}): {rep['verdict']}", "",
                   "| build | settings | outcome | model buffers | assert |", "|---|---|---|---|---|"]
         for key, label in (("base_default", "base, default"), ("branch_default", "base + loader-probe, default"),
-                           ("before", "base, --repack 0"), ("after", "base + loader-probe, --repack 0,1")):
+                           ("before", "base, --repack 0"), ("after", "base + loader-probe, --repack 0"),
+                           ("after_amx", "base + loader-probe, --repack 1")):
             x = rep[key]
             lines.append(f"| {label} | `{x['command'].split(' ', 1)[1]}` | {x['outcome']} | "
                          f"{', '.join(x.get('model_buffers', [])) or '-'} | {x.get('assert') or '-'} |")

@@ -31,8 +31,9 @@ from llamacpp_mla_port.process import run
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.stages import write_json
 
-#: the stacks whose builds the host stages use, in the order the builder makes them
-VARIANT_STACKS = ("loader-probe", "cpu-q0-odd-columns", "cpu-fa-kv-head-tiles")
+#: the stacks whose builds the host stages use (stack -> the stage), in the order the builder makes them
+STACK_STAGE = {"loader-probe": "host", "cpu-q0-odd-columns": "threads", "cpu-fa-kv-head-tiles": "threads"}
+VARIANT_STACKS = tuple(STACK_STAGE)
 BASE = "base"
 #: every variant alike: native ISA (AVX-512, AMX where the CPU has them), CPU only, static
 CPU_CMAKE_ARGS = ("-DGGML_NATIVE=ON", "-DGGML_CUDA=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
