@@ -38,6 +38,13 @@ def build_stage(run: CheckRun) -> bool:
     return True
 
 
+def ensure_targets(run: CheckRun, stage: str) -> None:
+    """The stage's own targets, built when a run chose the stage without the build stage (a
+    second call on a warm machine): an up-to-date build is a no-op."""
+    ensure_build(run.tree, run.build, bundle.STAGE_TARGETS[stage], cmake_args=run.cmake_args(), jobs=run.threads,
+                 echo=False)
+
+
 def fallback_verdict(run: CheckRun, runs: dict) -> bool:
     problems = [f"{k}: no draft graph in the scheduler log" for k, r in runs.items() if r["n_draft_graphs"] == 0]
     if run.cuda:
@@ -72,6 +79,7 @@ def fallback_stage(run: CheckRun) -> bool:
 
 def archs_stage(run: CheckRun) -> bool:
     """test-llama-archs' DFlash cases (the series' tests in upstream's harness): each device vs the CPU."""
+    ensure_targets(run, "archs")
     res = run_cmd([program(run.build, "test-llama-archs"), "-a", "dflash", "-s", "1"], timeout=600)
     rows = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", res.stdout).splitlines()
             if ln.startswith("|") and "dflash" in ln]
@@ -84,6 +92,7 @@ def lossless_stage(run: CheckRun) -> bool:
     """proof.lossless with `-ngl 99 -ngld 99` (answered on 2026-12-04; not in the default run):
     draft lengths 3 and 7 (dry run: 3), flash attention and the confidence cut-off on/off, the
     prompts the bigram draft learned from and unlearned ones, and a Q8_0 draft cache."""
+    ensure_targets(run, "lossless")
     manifest = json.loads((run.bundle / "MANIFEST.json").read_text())
     learned = manifest.get("lossless_prompts", 8) // 2
     rep = run_lossless(run.tree, run.build, run.fixtures / "lossless", run.fixtures / "kimi-k3-target.gguf",
