@@ -22,7 +22,7 @@ from llamacpp_mla_port.process import run
 
 CPP_DIR = Path(__file__).parent / "cpp"
 PROGRAMS = ("draft-logits", "target-features", "draft-bench", "ggml-floor", "load-check", "cpu-features",
-            "mulmat-check", "model-logits")
+            "mulmat-check", "model-logits", "verify-bench")
 #: ggml-floor measures this machine's memory bandwidth with its own loop: vectorised for this CPU
 EXTRA_FLAGS = {"ggml-floor": ("-O3", "-march=native", "-pthread")}
 #: cpu-features and mulmat-check ask ggml-cpu itself (ggml_cpu_has_*, its type traits)
