@@ -48,7 +48,7 @@ help:
 	@echo "make test-slow   real-size checks: real-config conversion, the real-size pair lossless (~20 GB disk)"
 	@echo "make pr          upstream kit: one folder per PR stack in work/pr/ (patches, evidence with upstream tables, checklist)"
 	@echo "make canary      render, apply, build and prove the series on the newest known upstream (./work-canary)"
-	@echo "make bench       real-size draft vs measured floors, PyTorch, KV, tool timings: work/bench/report.md"
+	@echo "make bench       real-size draft vs measured floors, PyTorch, KV, what it buys Kimi-K3: work/bench/report.md"
 	@echo "make bench-rpc   local vs RPC (two loopback ggml-rpc-servers) timings, side by side"
 	@echo "make device-check  the GPU check: offline bundle for a device machine (DRY_RUN=1: run it here, CUDA off)"
 	@echo "make harness-diff  upstream's tests (test-llama-archs, test-backend-ops) on the base and patched, same flags"

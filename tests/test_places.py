@@ -31,6 +31,7 @@ VERB_FLAGS: dict[str, set[str]] = {
     "smoke": {"--work-dir", "--tree", "--build-dir"},
     "prove": {"--work-dir", "--tree", "--build-dir"},
     "bench": {"--work-dir", "--tree", "--build-dir"},
+    "draft-length": {"--work-dir", "--tree", "--build-dir"},
     "device-check": {"--work-dir", "--tree", "--build-dir"},
     "pr": {"--work-dir"},            # its --build-dir is the per-commit builds' own dir
     "rebase": {"--work-dir"},

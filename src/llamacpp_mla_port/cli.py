@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "smoke": "build, make fixtures, run parity and lossless checks, print one JSON report",
     "prove": "the proof, by the name that says what it does: the same verb as smoke",
     "bench": "the draft at Kimi-K3's real size against measured floors: work/bench/report.md",
+    "draft-length": "what a draft buys over its target alone here, per draft length: the --spec-draft-n-max to use",
     "device-check": "the pair on a GPU: the offline bundle for a device machine (--dry-run: run it here, CUDA off)",
     "pr": "check each commit builds and lints, run the proof, write an evidence folder",
     "rebase": "re-render the series against a newer upstream and move the pin forward",

@@ -283,6 +283,10 @@ class Places:
         return self.work_dir / "bench"
 
     @property
+    def draft_length_dir(self) -> Path:
+        return self.work_dir / "draft-length"
+
+    @property
     def bench_rpc_dir(self) -> Path:
         return self.work_dir / "bench-rpc"
 

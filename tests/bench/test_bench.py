@@ -13,7 +13,8 @@ import pytest
 
 from llamacpp_mla_port.bench import floors as fl
 from llamacpp_mla_port.bench.report import render_markdown, write_report
-from llamacpp_mla_port.bench.run import _STATS, summarize_profile
+from llamacpp_mla_port.bench.passes import summarize_profile
+from llamacpp_mla_port.bench.spec import _STATS
 from llamacpp_mla_port.errors import ProofError
 
 
@@ -248,6 +249,26 @@ def test_speculative_statistics_line_parses():
     assert [float(x) for x in m.group(7).split(",")][0] == 0.682
 
 
+def _draft_length_entry() -> dict:
+    """The draft_length stage's report entry for made-up costs, through JSON (keys become strings)."""
+    from llamacpp_mla_port.bench import acceptance as acc
+    from llamacpp_mla_port.bench import speedup
+
+    scaled = {n: {"total": 0.3 * (1 + (n - 1) * 2 / 7), "fixed": 0.1, "kda_layers": 0.1, "mla_layers": 0.05,
+                  "routed_experts": 0.05, "negative_terms": []} for n in range(1, 9)}
+    costs = speedup.StepCosts(0.3, {n: v["total"] for n, v in scaled.items()}, {}, {k: 0.05 for k in range(1, 8)},
+                              {1: 0.01, 8: 0.02})
+    tab = speedup.table(costs, list(acc.PUBLISHED))
+    per_n = {n: {"distinct_mean": 16.0 * n, "bound_identical": 16.0, "bound_independent": 15.0 * n}
+             for n in range(1, 9)}
+    entry = {"files": {"F2": {"layers": "DKKKKM", "n_ff_exp": 32, "path": "f", "bytes": 1}}, "depth": 512,
+             "threads": 2, "cpu_share": 0.9, "per_file_spec_s": {"F2": {n: 0.2 for n in range(1, 9)}},
+             "scaled_spec": scaled, "scaled_alone": {1: {"total": 0.3}}, "experts": {"per_n": per_n},
+             "expert_bytes_real": 17547264, "moe_layers_real": 92, "pair": "F2", "draft": "d/draft-q8_0.gguf",
+             "table": tab, "table_md": speedup.render(tab), "recommended": speedup.recommended(tab)}
+    return json.loads(json.dumps(entry))
+
+
 def test_report_renders_tables_and_plots(tmp_path):
     entry = {"bytes_weights": 6_500_000_000, "bytes_cache": 3_000_000, "flops": 46_000_000_000, "memory_s": 0.6,
              "compute_s": 0.3, "floor_s": 0.6, "bound": "memory", "seconds": 0.7, "seconds_median": 0.72,
@@ -278,6 +299,7 @@ def test_report_renders_tables_and_plots(tmp_path):
                                   "gbps": 5.9, "gflops": 78.0, "memory_s": 0.0055, "compute_s": 0.0150,
                                   "ratio_to_floor": 1.4, "before_seconds": 0.028, "speedup": 1.333}]},
               "commands": {"passes_bf16": "draft-bench --draft D"}}
+    report["draft_length"] = _draft_length_entry()
     md = write_report(report, tmp_path)
     text = md.read_text()
     assert "1.17x" in text and "5,760" in text and "3,060" in text and "204,800" in text
@@ -287,6 +309,59 @@ def test_report_renders_tables_and_plots(tmp_path):
     assert "best 23.4, median 17.9 GB/s over 90 reads" in text and "**23.4 GB/s**" in text
     assert text.index("BF16 1-row injection") < text.index("BF16 512-row injection")
     assert "| q8_0 | lm_head | 7 | 21.0 ms |" in text and "28.0 ms | 1.33x |" in text and "work/build-base" in text
-    for png in ("kv_bytes.png", "passes_vs_floor.png", "acceptance.png", "mul_mat_n_sweep.png"):
+    assert "## What the draft buys a Kimi-K3 user" in text and "| 8 | 900 | 3.00 |" in text
+    assert "68 KDA layers" in text and "Best length here (vLLM production)" in text
+    for png in ("kv_bytes.png", "passes_vs_floor.png", "acceptance.png", "mul_mat_n_sweep.png", "draft_length.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 1000
     assert "![kv_bytes.png](plots/kv_bytes.png)" in render_markdown(report, ["kv_bytes.png"])
+
+
+def test_bench_stages_are_functions_the_one_runner_drives_saving_after_each(monkeypatch, tmp_path):
+    from llamacpp_mla_port.bench import run as br
+    from llamacpp_mla_port.errors import PortError
+
+    seen = []
+
+    def failing(run):
+        raise PortError("boom", hint="h")
+
+    def later(run):
+        # the runner saved the report after the failed stage, before this one started
+        seen.append(json.loads((run.out / "report.json").read_text())["stages"]["spec"]["ok"])
+        run.report["tool"] = {"patch_cold_s": 1.0}
+
+    monkeypatch.setitem(br.STAGE_FUNCTIONS, "spec", failing)
+    monkeypatch.setitem(br.STAGE_FUNCTIONS, "tool", later)
+    monkeypatch.setattr(br, "ensure_build", lambda *a, **k: None)
+    report = br.run_bench(tmp_path, tmp_path, tmp_path / "out", threads=1, stages=("tool", "spec"))
+    assert seen == [False] and report["stages"]["spec"]["ok"] is False and report["stages"]["tool"]["ok"]
+    assert list(report["stages"]) == ["spec", "tool"]               # the bench's order, not the caller's
+    assert "| patch cold | 1.0 |" in (tmp_path / "out" / "report.md").read_text()
+    # what a stage needs runs first
+    assert br.with_needs(("torch",)) == ("models", "floors", "kv", "passes", "torch")
+    assert br.with_needs(("draft_length", "spec")) == ("models", "spec", "draft_length")
+
+
+def _oversized(folder, limit: int = 400) -> list[str]:
+    return [f"{p.name}: {n}" for p in sorted(folder.glob("*.py"))
+            if (n := len(p.read_text().splitlines())) > limit]
+
+
+def test_no_bench_module_over_400_lines_and_no_stage_class(tmp_path):
+    import ast
+
+    from llamacpp_mla_port import bench
+
+    folder = __import__("pathlib").Path(bench.__file__).parent
+    assert _oversized(folder) == []
+    from llamacpp_mla_port.bench.run import STAGE_FUNCTIONS
+
+    # the stages are module functions of the run, not the methods of a driver class
+    stage_methods = [(p.name, c.name, f.name) for p in folder.glob("*.py") for c in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(c, ast.ClassDef) for f in c.body
+                     if isinstance(f, ast.FunctionDef) and f.name in STAGE_FUNCTIONS]
+    assert stage_methods == []
+    assert all(callable(fn) and fn.__code__.co_argcount == 1 for fn in STAGE_FUNCTIONS.values())
+    # the control: the same check sees a long module
+    (tmp_path / "long.py").write_text("x = 1\n" * 401)
+    assert _oversized(tmp_path) == ["long.py: 401"]

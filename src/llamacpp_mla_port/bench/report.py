@@ -93,6 +93,12 @@ def _plots(report: dict, plots: Path) -> list[str]:
         from llamacpp_mla_port.bench.sweep import plot as sweep_plot
         sweep_plot(report["sweep"], plots / "mul_mat_n_sweep.png")
         made.append("mul_mat_n_sweep.png")
+    dl = report.get("draft_length")
+    if dl and dl.get("table"):
+        from llamacpp_mla_port.bench.speedup import plot as speedup_plot
+        speedup_plot(dl["table"], plots / "draft_length.png",
+                     f"Kimi-K3 (scaled to 93 layers) + the real-size Q8_0 draft, {dl['threads']} threads")
+        made.append("draft_length.png")
     spec = report.get("spec")
     if spec and spec.get("acceptance_per_position"):
         acc = spec["acceptance_per_position"]
@@ -138,6 +144,48 @@ def _passes_table(report: dict) -> list[str]:
                        f"**{_ms(e['seconds'])}** of {e.get('runs', '?')} | {_ms(e['seconds_median'])} | "
                        f"**{e['ratio_to_floor']:.2f}x** ({e['bound']}) | {_paired(e)} | {e['cpu_share']:.2f} |")
     return out
+
+
+def _by_n(d: dict) -> dict[int, object]:
+    return {int(k): v for k, v in d.items()}
+
+
+def _draft_length_section(dl: dict) -> list[str]:
+    """The Kimi-K3-shaped verify rows (N = 1..8, distinct experts per step) and the table."""
+    files = dl["files"]
+    L = ["## What the draft buys a Kimi-K3 user (draft_length)", "",
+         f"Target cache {dl['depth']} tokens, {dl['threads']} threads, median CPU share of the timed verify passes "
+         f"{dl['cpu_share']:.2f}. Verify cost per file (median ms, the target as a speculative run sets it up):", "",
+         "| file | layers | expert FFN | " + " | ".join(f"T({n})" for n in range(1, 9)) + " |",
+         "|---|---|---|" + "---|" * 8]
+    for name, f in files.items():
+        med = _by_n(dl["per_file_spec_s"][name])
+        L.append(f"| {name} | {f['layers']} | {f['n_ff_exp']} | " +
+                 " | ".join(f"{med[n] * 1000:.0f}" for n in range(1, 9) if n in med) + " |")
+    sc, alone1 = _by_n(dl["scaled_spec"]), _by_n(dl["scaled_alone"])[1]["total"]
+    ex = _by_n(dl.get("experts", {}).get("per_n", {}))
+    gb = dl["expert_bytes_real"] * dl["moe_layers_real"] / 1e9
+    L += ["", f"Scaled to Kimi-K3's 93 layers (69 KDA, 24 MLA; experts 3072 wide). T(1) of the target alone: "
+          f"{alone1 * 1000:.0f} ms.", "",
+          "| N | T(N) (ms) | T(N)/T(1) | fixed | 68 KDA layers | 24 MLA layers | routed experts | distinct experts "
+          "/ layer (random routing) | identical tokens | independent tokens | experts read (GB, real size) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n, v in sorted(sc.items()):
+        e = ex.get(n, {})
+        neg = f" (negative: {', '.join(v['negative_terms'])})" if v["negative_terms"] else ""
+        read = f"{e['distinct_mean'] * gb:.0f}" if e else "-"
+        L.append(f"| {n} | {v['total'] * 1000:.0f}{neg} | {v['total'] / alone1:.2f} | {v['fixed'] * 1000:.0f} | "
+                 f"{v['kda_layers'] * 1000:.0f} | {v['mla_layers'] * 1000:.0f} | {v['routed_experts'] * 1000:.0f} | "
+                 f"{e.get('distinct_mean', '-')} | {e.get('bound_identical', '-')} | {e.get('bound_independent', '-')}"
+                 f" | {read} |")
+    name, k = dl["recommended"]
+    pair = files.get(dl.get("pair", ""), {}).get("layers", "?")
+    L += ["", f"Draft: {Path(dl['draft']).name}, its block of k tokens over 512 cached rows (draft-bench, paired "
+          f"with the {pair} file); acceptance: the published curves.", ""]
+    L += dl["table_md"]
+    L += [f"Best length here ({name}): " + (f"**--spec-draft-n-max {k}**." if k else
+                                             "**the draft does not pay here**: run the target alone."), ""]
+    return L
 
 
 def render_markdown(report: dict, plots: list[str]) -> str:
@@ -258,6 +306,8 @@ def render_markdown(report: dict, plots: list[str]) -> str:
             L.append(f"| q8_0 against F16, both flash attn | {q['biased_logits']:.2e} | {q['hidden']:.2e} | "
                      f"{'equal' if q['chain_equal'] else 'differs'} |")
         L += [""]
+    if report.get("draft_length"):
+        L += _draft_length_section(report["draft_length"])
     sp = report.get("spec")
     if sp:
         L += ["## Speculative step split (tiny pair)", "",
