@@ -147,6 +147,7 @@ def test_draft_length_measures_and_reports_on_the_tiny_pair(patched_tree, llama_
     assert sorted(map(int, rep["draft_block_s"])) == list(range(1, 8))
     assert all(v > 0 for v in rep["draft_block_s"].values()) and set(rep["draft_inject_s"]) == {"1", "8"}
     assert rep["acceptance"]["steps"] > 0 and len(rep["acceptance"]["per_position"]) == 7
+    assert rep["verify_cost"]["experts"]["tokens"] == "text"       # the prompts fill the cache: real routing
     assert [r["k"] for r in rep["table"]["rows"]] == list(range(1, 8))
     assert rep["table"]["curves"][0]["measured"] and len(rep["table"]["curves"]) == 1 + len(acc.PUBLISHED)
     assert "| N | T(N) spec (ms)" in printed and "break-even" in printed

@@ -24,15 +24,16 @@ from llamacpp_mla_port.bench.passes import run_draft_bench
 from llamacpp_mla_port.bench.spec import run_speculative
 from llamacpp_mla_port.bench.verify import VERIFY_N, VerifyCost, run_verify_bench, summarize
 from llamacpp_mla_port.doctor.diagnose import diagnose
-from llamacpp_mla_port.doctor.findings import ERROR
+from llamacpp_mla_port.doctor.findings import ERROR, OK
 from llamacpp_mla_port.errors import GGUFError, PortError
 from llamacpp_mla_port.proof.run.programs import compile_program
 from llamacpp_mla_port.stages import write_json
 
 DRAFT_KS = tuple(range(1, acc.K_MAX + 1))
 INJECT_ROWS = (1, 8)
-#: the doctor's checks whose errors llama.cpp refuses the pair for (the others it leaves to the loader)
-PAIRING_CHECKS = {"arch", "target", "target_layers", "target_n_embd", "target_taps", "target_vocab"}
+#: the doctor's checks whose errors llama.cpp refuses the pair for (the others it leaves to the loader);
+#: its target_layers check also judges the taps' values, so only its out-of-range verdict counts
+PAIRING_CHECKS = {"arch", "target", "target_n_embd", "target_vocab"}
 
 
 @dataclass
@@ -59,10 +60,15 @@ def check_pair(target: Path, draft: Path) -> None:
     except (GGUFError, OSError) as err:
         raise PortError(f"cannot read the pair ({err})", hint="both files must be GGUF: the target model and its "
                         "DSpark draft") from err
-    errors = [f for f in findings if f.verdict == ERROR and f.check in PAIRING_CHECKS]
+    errors = [f"{f.check}: {f.title} ({f.evidence})" for f in findings
+              if f.verdict == ERROR and f.check in PAIRING_CHECKS]
+    if not any(f.check == "target_taps" and f.verdict == OK for f in findings):
+        # taps outside the target's layers: the doctor says why in its target_layers finding
+        errors += [f"{f.check}: {f.title} ({f.evidence})" for f in findings
+                   if f.check == "target_layers" and f.verdict == ERROR] or \
+            ["target_taps: the draft's tapped layers are not layers of the target (or the draft has none)"]
     if errors:
-        raise PortError(f"{draft} does not pair with {target}:\n" +
-                        "\n".join(f"  {f.check}: {f.title} ({f.evidence})" for f in errors),
+        raise PortError(f"{draft} does not pair with {target}:\n" + "\n".join(f"  {e}" for e in errors),
                         hint=f"`llamacpp-mla-port doctor {draft} --target {target}` explains each finding")
 
 
@@ -71,8 +77,9 @@ def _median(values: list[float]) -> float:
 
 
 def measure_costs(tree: Path, build: Path, target: Path, draft: Path, out: Path, st: Settings,
-                  log=print) -> tuple[VerifyCost, dict, dict, dict]:
-    """(verify cost, draft block medians per k, injection medians per row count, commands)."""
+                  text: Path | None = None, log=print) -> tuple[VerifyCost, dict, dict, dict]:
+    """(verify cost, draft block medians per k, injection medians per row count, commands); `text`:
+    what the target's cache holds and verifies, through its tokenizer (default: random token ids)."""
     vb, db = compile_program("verify-bench", tree, build), compile_program("draft-bench", tree, build)
     out = Path(out)
     verify_runs, blocks, inject = [], {k: [] for k in DRAFT_KS}, {n: [] for n in INJECT_ROWS}
@@ -83,7 +90,7 @@ def measure_costs(tree: Path, build: Path, target: Path, draft: Path, out: Path,
             if kind == "verify":
                 log(f"draft-length: round {r + 1}/{st.rounds}: verify-bench, N = 1..8 over {st.depth} tokens")
                 res, argv = run_verify_bench(vb, target, out / f"verify-{r}.json", st.threads, st.depth,
-                                             st.verify_rounds, VERIFY_N, draft=draft,
+                                             st.verify_rounds, VERIFY_N, draft=draft, text=text,
                                              expert_blocks=st.expert_blocks if r == 0 else 0,
                                              state_dir=out / "states" / Path(target).stem)
                 verify_runs.append(res)
@@ -161,7 +168,11 @@ def measure_pair(tree: Path, build: Path, target: Path, draft: Path, out: Path, 
     check_pair(target, draft)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    verify, blocks, inject, commands = measure_costs(tree, build, target, draft, out, st, log)
+    text = None
+    if prompts:     # the prompts' text fills the cache and the verified blocks: real routing
+        text = out / "prompts.txt"
+        text.write_text("\n".join(prompts) + "\n")
+    verify, blocks, inject, commands = measure_costs(tree, build, target, draft, out, st, text, log)
     curves, measured = acceptance_curves(build, target, draft, prompts, st, log)
     if measured:
         commands["acceptance"] = measured.pop("command")

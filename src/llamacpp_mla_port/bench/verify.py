@@ -25,15 +25,15 @@ VERIFY_N = tuple(range(1, 9))
 
 
 def run_verify_bench(exe: Path, target: Path, out: Path, threads: int, depth: int = 1024, rounds: int = 3,
-                     n_values=VERIFY_N, draft: Path | None = None, tokens: Path | None = None,
+                     n_values=VERIFY_N, draft: Path | None = None, text: Path | None = None,
                      expert_blocks: int = 8, state_dir: Path | None = None, timeout: float = 3600,
                      extra: tuple = ()) -> tuple[dict, list]:
     argv = [exe, "--target", target, "--out", out, "--threads", threads, "--depth", depth, "--rounds", rounds,
             "--n", ",".join(map(str, n_values)), "--expert-blocks", expert_blocks, *extra]
     if draft is not None:
         argv += ["--draft", draft]
-    if tokens is not None:
-        argv += ["--tokens", tokens]
+    if text is not None:
+        argv += ["--text", text]
     if state_dir is not None:
         Path(state_dir).mkdir(parents=True, exist_ok=True)
         argv += ["--state-dir", state_dir]

@@ -22,9 +22,10 @@ What it measures (medians over process rounds A B ... B A, each timing side by s
   T(N)        one verify step of the target for N = 1..8 tokens (logits for all) over --depth cached
               tokens, as llama.cpp's speculative decoding sets the target up for a draft (rollback
               snapshots of recurrent/KDA layers, the draft's taps extracted), each block then rolled
-              back whole; and T(1) of the target alone (no snapshots)
+              back whole; and T(1) of the target alone (no snapshots). The cache and the verified
+              blocks are the prompts' text when --prompts is given (real routing), else random token ids
   experts     for MoE targets: the distinct experts one verify step reads per layer, beside the bounds
-              of identical routing (top-k) and independent routing
+              of identical routing (top-k) and independent routing (random ids route near the latter)
   T_draft(k)  the draft's block of k tokens over 512 cached rows, plus the injection of the accepted
               tokens' target rows (measured at 1 and 8 rows)
   acceptance  with --prompts: greedy llama-speculative-simple at draft length 7 on each prompt (one per

@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
@@ -39,7 +40,7 @@
 #include <vector>
 
 struct args_t {
-    std::string target, draft, out, tokens, taps, devices, state_dir, flash_attn = "auto";
+    std::string target, draft, out, tokens, text, taps, devices, state_dir, flash_attn = "auto";
     std::vector<int> n = {1, 2, 3, 4, 5, 6, 7, 8};
     int32_t depth = 1024;
     int32_t rounds = 5;
@@ -53,12 +54,14 @@ struct args_t {
 static void usage() {
     std::fprintf(stderr,
         "usage: verify-bench --target T.gguf --out OUT.json [--n 1,2,...,8] [--depth 1024] [--rounds 5]\n"
-        "                    [--threads N] [--rs-seq R] [--draft D.gguf | --taps 3,24,...] [--tokens ids.npy|1,2,3]\n"
+        "                    [--threads N] [--rs-seq R] [--draft D.gguf | --taps 3,24,...]\n"
+        "                    [--tokens ids.npy|1,2,3 | --text FILE]\n"
         "                    [--seed S] [--flash-attn auto|on|off] [--expert-blocks B] [--target-devices DEV,...]\n"
         "                    [--state-dir DIR] [--verbose]\n"
         "  --rs-seq R: rollback snapshots of the spec context (default max(n) - 1, as common_speculative sets\n"
         "              n_rs_seq = --spec-draft-n-max); --draft/--taps: the layer inputs the spec context extracts\n"
-        "  --tokens: the prompt (depth tokens) and what follows (the verified blocks); default seeded random ids\n"
+        "  --tokens / --text: the prompt (depth tokens) and what follows (the verified blocks), as ids or as text\n"
+        "              the target's tokenizer reads (repeated when short); default seeded random ids\n"
         "  --state-dir DIR: the prompt's state per context kind is saved there once and loaded by later runs\n");
 }
 
@@ -85,6 +88,7 @@ static args_t parse_args(int argc, char ** argv) {
         else if (k == "--draft")         a.draft = val();
         else if (k == "--out")           a.out = val();
         else if (k == "--tokens")        a.tokens = val();
+        else if (k == "--text")          a.text = val();
         else if (k == "--taps")          a.taps = val();
         else if (k == "--n")             a.n = parse_ints(val());
         else if (k == "--depth")         a.depth = std::stoi(val());
@@ -208,9 +212,20 @@ static int run(int argc, char ** argv) {
     const int32_t n_passes = (int32_t) args.n.size() * (args.rounds + 1);
     const int32_t n_stream = args.depth + n_passes + n_max * (args.expert_blocks + 2) + 8;
     std::vector<llama_token> stream;
-    if (!args.tokens.empty()) {
+    if (!args.tokens.empty() || !args.text.empty()) {
         std::vector<llama_token> given;
-        if (args.tokens.size() > 4 && args.tokens.substr(args.tokens.size() - 4) == ".npy") {
+        if (!args.text.empty()) {
+            std::ifstream f(args.text);
+            if (!f) {
+                die("cannot read --text " + args.text);
+            }
+            const std::string txt((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+            const int32_t n = -llama_tokenize(vocab, txt.c_str(), (int32_t) txt.size(), nullptr, 0, true, true);
+            given.resize((size_t) std::max(0, n));
+            if (n > 0 && llama_tokenize(vocab, txt.c_str(), (int32_t) txt.size(), given.data(), n, true, true) < 0) {
+                die("cannot tokenize --text " + args.text);
+            }
+        } else if (args.tokens.size() > 4 && args.tokens.substr(args.tokens.size() - 4) == ".npy") {
             npy_array a = npy_load(args.tokens);
             for (int64_t i = 0; i < a.size(); ++i) {
                 given.push_back(a.at<llama_token>(i));
@@ -221,7 +236,7 @@ static int run(int argc, char ** argv) {
             }
         }
         if (given.empty()) {
-            die("--tokens holds no token");
+            die("--tokens / --text holds no token");
         }
         for (llama_token t : given) {
             if (t < 0 || t >= n_vocab) {
@@ -310,7 +325,8 @@ static int run(int argc, char ** argv) {
             return prefill(ctx, b);
         }
         const std::string path = args.state_dir + "/" + kind + "-d" + std::to_string(args.depth) + "-rs" +
-            std::to_string(llama_n_rs_seq(ctx)) + "-" + (args.tokens.empty() ? "s" + std::to_string(args.seed) : "t") +
+            std::to_string(llama_n_rs_seq(ctx)) + "-" +
+            (args.tokens.empty() && args.text.empty() ? "s" + std::to_string(args.seed) : "t") +
             ".state";
         std::vector<llama_token> saved((size_t) args.depth);
         size_t n_saved = 0;
@@ -470,7 +486,7 @@ static int run(int argc, char ** argv) {
       << "  \"n_vocab\": " << n_vocab << ",\n"
       << "  \"model_bytes\": " << llama_model_size(model) << ",\n"
       << "  \"taps\": " << taps.size() << ",\n"
-      << "  \"tokens\": \"" << (args.tokens.empty() ? "random" : "given") << "\",\n"
+      << "  \"tokens\": \"" << (!args.text.empty() ? "text" : args.tokens.empty() ? "random" : "given") << "\",\n"
       << "  \"load_seconds\": " << t_load << ",\n"
       << "  \"prefill_seconds\": " << t_prefill << ",\n"
       << "  \"prompt_states_loaded\": " << n_loaded << ",\n"
