@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pytest
 
 from llamacpp_mla_port.bench import acceptance as acc

@@ -136,8 +136,9 @@ def verify_rows(verify: VerifyCost) -> list[str]:
     for n in sorted(verify.spec):
         e = ex.get(n, {})
         snap = verify.spec[n] - verify.alone[n] if n in verify.alone else float("nan")
+        roll = verify.rollback.get(n, 0) * 1000
         L.append(f"| {n} | {verify.spec[n] * 1000:.1f} | {verify.ratio(n):.2f} | "
-                 f"{verify.alone.get(n, float('nan')) * 1000:.1f} | {snap * 1000:+.1f} (+{verify.rollback.get(n, 0) * 1000:.3f}) | "
+                 f"{verify.alone.get(n, float('nan')) * 1000:.1f} | {snap * 1000:+.1f} (+{roll:.3f}) | "
                  f"{e.get('distinct_mean', '-')} | {e.get('same_token_mean', '-')} | {e.get('bound_identical', '-')} | "
                  f"{e.get('bound_independent', '-')} |")
     return L

@@ -21,7 +21,6 @@ gives the distinct experts per step beside the bounds of identical and independe
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import numpy as np
 

@@ -36,8 +36,9 @@ PASS_MIN_SECONDS = 5     # each pass repeats until its timed runs add up to this
 def run_draft_bench(exe: Path, draft: Path, target: Path, out: Path, args: list, extra_bufts: bool = True,
                     timeout: float = 1800) -> tuple[dict, list]:
     """draft-bench once: (its JSON plus the peak RSS, the command line)."""
-    argv = [exe, "--draft", draft, "--target", target, "--out", out, *args] + ([] if extra_bufts else
-                                                                              ["--no-extra-bufts"])
+    argv = [exe, "--draft", draft, "--target", target, "--out", out, *args]
+    if not extra_bufts:
+        argv.append("--no-extra-bufts")
     proc = run_bounded(argv, timeout)
     if proc.returncode != 0:
         raise ProofError(f"draft-bench failed (exit {proc.returncode}): {proc.stderr[-1500:]}",

@@ -183,8 +183,8 @@ def _draft_length_section(dl: dict) -> list[str]:
     L += ["", f"Draft: {Path(dl['draft']).name}, its block of k tokens over 512 cached rows (draft-bench, paired "
           f"with the {pair} file); acceptance: the published curves.", ""]
     L += dl["table_md"]
-    L += [f"Best length here ({name}): " + (f"**--spec-draft-n-max {k}**." if k else
-                                             "**the draft does not pay here**: run the target alone."), ""]
+    verdict = f"**--spec-draft-n-max {k}**." if k else "**the draft does not pay here**: run the target alone."
+    L += [f"Best length here ({name}): {verdict}", ""]
     return L
 
 

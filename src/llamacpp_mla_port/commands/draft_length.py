@@ -85,7 +85,8 @@ def run(args: argparse.Namespace, places) -> int:
     print("\n".join(rep["verify_rows"] + [""] + rep["table_md"]))
     name, k = rep["recommended"]
     if k:
-        print(f"use --spec-draft-n-max {k}   (acceptance: {name}; speedup {rep['table']['best'][name]['speedup']:.2f}x)")
+        speed = rep["table"]["best"][name]["speedup"]
+        print(f"use --spec-draft-n-max {k}   (acceptance: {name}; speedup {speed:.2f}x)")
     else:
         print(f"the draft does not pay on this machine (acceptance: {name}): run the target alone")
     print(f"report: {Path(out) / 'report.md'}")
