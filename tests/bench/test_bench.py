@@ -263,7 +263,9 @@ def _draft_length_entry() -> dict:
              for n in range(1, 9)}
     entry = {"files": {"F2": {"layers": "DKKKKM", "n_ff_exp": 32, "path": "f", "bytes": 1}}, "depth": 512,
              "threads": 2, "cpu_share": 0.9, "per_file_spec_s": {"F2": {n: 0.2 for n in range(1, 9)}},
-             "scaled_spec": scaled, "scaled_alone": {1: {"total": 0.3}}, "experts": {"per_n": per_n},
+             "scaled_spec": scaled, "scaled_alone_1": {"total": 0.3}, "experts": {"per_n": per_n},
+             "scaled_spec_identical": {n: 0.3 for n in range(1, 9)}, "read_rate_gbps": 20.0,
+             "scaled_spec_independent": {n: 0.3 * n for n in range(1, 9)},
              "expert_bytes_real": 17547264, "moe_layers_real": 92, "pair": "F2", "draft": "d/draft-q8_0.gguf",
              "table": tab, "table_md": speedup.render(tab), "recommended": speedup.recommended(tab)}
     return json.loads(json.dumps(entry))
@@ -310,6 +312,7 @@ def test_report_renders_tables_and_plots(tmp_path):
     assert text.index("BF16 1-row injection") < text.index("BF16 512-row injection")
     assert "| q8_0 | lm_head | 7 | 21.0 ms |" in text and "28.0 ms | 1.33x |" in text and "work/build-base" in text
     assert "## What the draft buys a Kimi-K3 user" in text and "| 8 | 900 | 3.00 |" in text
+    assert "| 1.00 | 8.00 |" in text          # T(8)/T(1) under identical and independent routing
     assert "68 KDA layers" in text and "Best length here (vLLM production)" in text
     for png in ("kv_bytes.png", "passes_vs_floor.png", "acceptance.png", "mul_mat_n_sweep.png", "draft_length.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 1000

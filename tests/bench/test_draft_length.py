@@ -70,13 +70,23 @@ def test_expert_bounds():
 
 
 def test_the_fit_recovers_per_layer_costs_and_scales_to_93_layers():
-    F, aK, aM, s = 0.2, 0.05, 0.03, 1e-4
-    per_file = {name: {1: F + layers.count("K") * aK + layers.count("M") * aM +
-                       (layers.count("K") + layers.count("M")) * f * s}
-                for name, (layers, f) in k3_scale.FILES.items()}
-    got = k3_scale.fit(per_file)[1]
+    from llamacpp_mla_port.fixtures.k3_shaped import K3_SHAPE, routed_expert_bytes
+
+    F, aK, aM = 0.2, 0.05, 0.03
+    per_file = {name: {1: F + layers.count("K") * aK + layers.count("M") * aM}
+                for name, layers in k3_scale.FILES.items()}
+    terms = k3_scale.fit(per_file)
+    got = terms[1]
     assert got["F"] == pytest.approx(F) and got["a_K"] == pytest.approx(aK) and got["a_M"] == pytest.approx(aM)
-    assert got["total"] == pytest.approx(F + 68 * aK + 24 * aM + 92 * 3072 * s) and not got["negative_terms"]
+    # the routed experts' missing width, by its bytes at the measured read rate
+    rate = 20e9
+    scaled = k3_scale.scale(terms, {1: 16.0}, rate)[1]
+    extra = routed_expert_bytes(K3_SHAPE) - routed_expert_bytes(K3_SHAPE, k3_scale.N_FF_EXP)
+    assert scaled["routed_experts"] == pytest.approx(92 * 16 * extra / rate)
+    assert scaled["total"] == pytest.approx(F + 68 * aK + 24 * aM + 92 * 16 * extra / rate)
+    # a step's bytes: everything but the unrouted experts (16 of 896 read in each MoE layer)
+    assert k3_scale.step_bytes("DKM", 896) - k3_scale.step_bytes("DKM", 16) == pytest.approx(
+        2 * 880 * routed_expert_bytes(K3_SHAPE, k3_scale.N_FF_EXP))
     # the control: a file measured 10 % slow moves the fit
     per_file["F3"][1] *= 1.1
     assert k3_scale.fit(per_file)[1]["a_M"] != pytest.approx(aM)

@@ -162,26 +162,29 @@ def _draft_length_section(dl: dict) -> list[str]:
         med = _by_n(dl["per_file_spec_s"][name])
         L.append(f"| {name} | {f['layers']} | {f['n_ff_exp']} | " +
                  " | ".join(f"{med[n] * 1000:.0f}" for n in range(1, 9) if n in med) + " |")
-    sc, alone1 = _by_n(dl["scaled_spec"]), _by_n(dl["scaled_alone"])[1]["total"]
+    sc, alone1 = _by_n(dl["scaled_spec"]), dl["scaled_alone_1"]["total"]
+    ident, indep = _by_n(dl["scaled_spec_identical"]), _by_n(dl["scaled_spec_independent"])
     ex = _by_n(dl.get("experts", {}).get("per_n", {}))
     gb = dl["expert_bytes_real"] * dl["moe_layers_real"] / 1e9
-    L += ["", f"Scaled to Kimi-K3's 93 layers (69 KDA, 24 MLA; experts 3072 wide). T(1) of the target alone: "
+    L += ["", f"Scaled to Kimi-K3's 93 layers (69 KDA, 24 MLA; the routed experts 3072 wide, their bytes read at "
+          f"the {dl['read_rate_gbps']:.1f} GB/s the pair file streamed at one token). T(1) of the target alone: "
           f"{alone1 * 1000:.0f} ms.", "",
           "| N | T(N) (ms) | T(N)/T(1) | fixed | 68 KDA layers | 24 MLA layers | routed experts | distinct experts "
-          "/ layer (random routing) | identical tokens | independent tokens | experts read (GB, real size) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "/ layer (random routing) | same token N times | bound: identical | bound: independent | experts read "
+          "(GB) | T(N)/T(1) if identical | if independent |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, v in sorted(sc.items()):
         e = ex.get(n, {})
         neg = f" (negative: {', '.join(v['negative_terms'])})" if v["negative_terms"] else ""
         read = f"{e['distinct_mean'] * gb:.0f}" if e else "-"
         L.append(f"| {n} | {v['total'] * 1000:.0f}{neg} | {v['total'] / alone1:.2f} | {v['fixed'] * 1000:.0f} | "
                  f"{v['kda_layers'] * 1000:.0f} | {v['mla_layers'] * 1000:.0f} | {v['routed_experts'] * 1000:.0f} | "
-                 f"{e.get('distinct_mean', '-')} | {e.get('bound_identical', '-')} | {e.get('bound_independent', '-')}"
-                 f" | {read} |")
+                 f"{e.get('distinct_mean', '-')} | {e.get('same_token_mean', '-')} | {e.get('bound_identical', '-')} | "
+                 f"{e.get('bound_independent', '-')} | {read} | {ident[n] / alone1:.2f} | {indep[n] / alone1:.2f} |")
     name, k = dl["recommended"]
     pair = files.get(dl.get("pair", ""), {}).get("layers", "?")
-    L += ["", f"Draft: {Path(dl['draft']).name}, its block of k tokens over 512 cached rows (draft-bench, paired "
-          f"with the {pair} file); acceptance: the published curves.", ""]
+    L += ["", f"Draft: {Path(dl.get('draft', '?')).name}, its block of k tokens over 512 cached rows (draft-bench, "
+          f"paired with the {pair} file); acceptance: the published curves.", ""]
     L += dl["table_md"]
     verdict = f"**--spec-draft-n-max {k}**." if k else "**the draft does not pay here**: run the target alone."
     L += [f"Best length here ({name}): {verdict}", ""]
