@@ -18,7 +18,8 @@ from llamacpp_mla_port.bench import floors as fl
 from llamacpp_mla_port.bench.context import BLOCK, BLOCK_CTX, BenchRun
 from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.project import program
-from llamacpp_mla_port.proof.realsize import real_draft_config, write_real_draft, write_real_target
+from llamacpp_mla_port.fixtures.realsize import real_draft_config
+from llamacpp_mla_port.proof.realsize import write_real_draft, write_real_target
 from llamacpp_mla_port.proof.reference.model import nmse
 from llamacpp_mla_port.proof.run.draft_logits import run_draft_logits
 from llamacpp_mla_port.proof.run.processes import run_bounded

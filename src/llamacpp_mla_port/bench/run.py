@@ -57,12 +57,10 @@ def with_needs(stages: tuple[str, ...]) -> tuple[str, ...]:
         wanted |= more
 
 
-def _ended(run: BenchRun, name: str, entry: dict) -> None:
-    """The runner's hook after each stage: one line, and the report saved."""
+def _stage_line(name: str, entry: dict) -> None:
     state = "ok" if entry.get("ok") else ("skipped: " + entry.get("skipped", "") if entry.get("ok") is None
                                           else "FAILED: " + entry.get("error", ""))
     log(f"stage {name}: {state} ({entry.get('seconds', 0)} s)")
-    run.save()
 
 
 def _cleanup(run: BenchRun) -> None:
@@ -86,7 +84,7 @@ def run_bench(tree: Path, build: Path, out: Path, threads: int | None = None, re
         raise ProofError(f"make bench writes ~{need / 1e9:.0f} GB of real-size models under {run.out}; "
                          f"{free / 1e9:.1f} GB free", hint="free disk space, or pass --out DIR on a larger disk")
     ensure_build(tree, build, BENCH_TARGETS, echo=False)
-    runner = Stages(run.report["stages"], log=partial(_ended, run))
+    runner = Stages(run.report["stages"], log=_stage_line, save=run.save)     # saved after each stage
     for name in chosen:
         log(f"stage {name} ...")
         runner.run(name, partial(STAGE_FUNCTIONS[name], run))
