@@ -1,20 +1,25 @@
 """The process funnel (llamacpp_mla_port.process): a time-out always, the whole group killed,
-seconds and peak RSS, one error carrying the command, exit status and stderr tail (issue 31);
-and no process started in src/ outside it but the streaming build and the proof's long-lived
-processes."""
+seconds and peak RSS, one error carrying the command, exit status and stderr tail; git through
+it (process.git); and no process started in src/ outside it but the streaming build and the
+proof's long-lived processes: read from the source, and watched at run time."""
 
 from __future__ import annotations
 
 import ast
+import io
+import json
 import resource
+import subprocess
 import sys
+import tarfile
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from llamacpp_mla_port.errors import PortError, ProcessError
-from llamacpp_mla_port.process import run
+from llamacpp_mla_port.errors import PortError, ProcessError, WorkTreeError
+from llamacpp_mla_port.process import git, run
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "src" / "llamacpp_mla_port"
@@ -126,9 +131,15 @@ OS_STARTS = ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"
              "execv", "execve", "execvp", "execvpe")
 
 
+#: libraries that start processes of their own, unbounded: GitPython (`git version` when
+#: imported, `git cat-file` kept running) and its object database
+PROCESS_LIBRARIES = ("git", "gitdb")
+
+
 def process_starts(sources: dict[str, str]) -> list[tuple[str, str, int, str]]:
     """(module, outermost def/class or "", line, call) of every subprocess.* call, every
-    `from subprocess import`, and every os.system / os.popen / os.spawn* / os.exec* / os.fork."""
+    `from subprocess import`, every os.system / os.popen / os.spawn* / os.exec* / os.fork, every
+    import of GitPython (or gitdb) and every GitPython command call (`repo.git.archive(...)`)."""
     out = []
     for module, text in sources.items():
         tree = ast.parse(text)
@@ -137,11 +148,20 @@ def process_starts(sources: dict[str, str]) -> list[tuple[str, str, int, str]]:
             for node in ast.walk(top):
                 if isinstance(node, ast.ImportFrom) and node.module == "subprocess":
                     out.append((module, scope, node.lineno, "from subprocess import"))
+                elif isinstance(node, ast.ImportFrom) and not node.level \
+                        and (node.module or "").split(".")[0] in PROCESS_LIBRARIES:
+                    out.append((module, scope, node.lineno, f"from {node.module} import"))
+                elif isinstance(node, ast.Import) and any(a.name.split(".")[0] in PROCESS_LIBRARIES
+                                                          for a in node.names):
+                    out.append((module, scope, node.lineno, "import " + ", ".join(a.name for a in node.names)))
                 elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                         and isinstance(node.func.value, ast.Name):
                     base, attr = node.func.value.id, node.func.attr
                     if base == "subprocess" or (base == "os" and attr in OS_STARTS):
                         out.append((module, scope, node.lineno, f"{base}.{attr}"))
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "git":
+                    out.append((module, scope, node.lineno, f"{ast.unparse(node.func)} (GitPython)"))
     return out
 
 
@@ -160,13 +180,21 @@ def test_the_start_checker_finds_direct_calls():
         "pr": "import subprocess\ndef run_evidence(c):\n    return subprocess.run(c, shell=True)\n",
         "bundle": "from subprocess import run\n",
         "shell": "import os\nclass A:\n    def f(self):\n        os.system('ls')\n",
-        "fine": "import os\nos.path.join('a')\nfrom llamacpp_mla_port.process import run\nrun(['ls'], timeout=1)\n",
+        "gitutil": "import git\ndef run(p, *a):\n    return git.Git(str(p)).execute(['git', *a])\n",
+        "harness_diff": "def export_commit(repo, sha):\n    return repo.git.archive(sha, stdout_as_string=False)\n",
+        "obtain": "from git import Repo\n",
+        "fine": "import os\nos.path.join('a')\nfrom llamacpp_mla_port.process import run\nrun(['ls'], timeout=1)\n"
+                "from llamacpp_mla_port.process import git\ngit.run('.', 'status', timeout=5)\n",
     }
     assert start_violations(old, {}) == [
         "pr:3: subprocess.run (in run_evidence): use llamacpp_mla_port.process.run",
         "bundle:1: from subprocess import (in the module): use llamacpp_mla_port.process.run",
-        "shell:4: os.system (in A): use llamacpp_mla_port.process.run"]
-    assert start_violations(old, {("pr", "run_evidence"): "", ("bundle", ""): "", ("shell", "*"): ""}) == []
+        "shell:4: os.system (in A): use llamacpp_mla_port.process.run",
+        "gitutil:1: import git (in the module): use llamacpp_mla_port.process.run",
+        "harness_diff:2: repo.git.archive (GitPython) (in export_commit): use llamacpp_mla_port.process.run",
+        "obtain:1: from git import (in the module): use llamacpp_mla_port.process.run"]
+    assert start_violations(old, {("pr", "run_evidence"): "", ("bundle", ""): "", ("shell", "*"): "",
+                                  ("gitutil", "*"): "", ("harness_diff", "export_commit"): "", ("obtain", ""): ""}) == []
     assert start_violations({}, {("pr", "run_evidence"): ""}) == ["stale allow-list entry pr run_evidence"]
 
 
@@ -180,3 +208,131 @@ def test_no_process_is_started_outside_the_funnel():
     assert "llamacpp_mla_port.process" in sources and "llamacpp_mla_port.build" in sources
     problems = start_violations(sources, ALLOWED_STARTS)
     assert problems == [], "\n".join(problems)
+
+
+# ------------------------------------------------------------------ watched at run time
+#: a fresh interpreter that records, with an audit hook set before anything is imported, every
+#: process started and the first frame outside the standard library that started it; then it
+#: imports every module of the package and runs git's paths (process.git, a series committed,
+#: exported and applied, a commit archived). Its controls start processes outside the funnel.
+PROBE = textwrap.dedent("""
+    import json, os, sys, sysconfig
+
+    STDLIB = sysconfig.get_paths()["stdlib"]
+    starts, phase = [], ["package"]
+
+    def starter():
+        f = sys._getframe(2)
+        while f is not None and f.f_code.co_filename.startswith(STDLIB):
+            f = f.f_back
+        return (f.f_code.co_filename, f.f_code.co_name) if f is not None else ("?", "?")
+
+    def hook(event, args):
+        if event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork"):
+            starts.append({"phase": phase[0], "event": event, "file": starter()[0], "function": starter()[1],
+                           "what": str(args[1] if event == "subprocess.Popen" else args[0])[:120]})
+
+    sys.addaudithook(hook)
+
+    import importlib, pkgutil, tempfile
+    from pathlib import Path
+    import llamacpp_mla_port
+    for m in pkgutil.walk_packages(llamacpp_mla_port.__path__, "llamacpp_mla_port."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
+
+    from llamacpp_mla_port.process import git
+    from llamacpp_mla_port.series import gitseries
+    from llamacpp_mla_port.series.render import RenderedCommit
+    from llamacpp_mla_port.series.spec import Series
+    from llamacpp_mla_port.source.pin import Pin
+    from llamacpp_mla_port.upstreaming.harness_diff import export_commit
+
+    tmp = Path(tempfile.mkdtemp())
+    up = tmp / "up"
+    up.mkdir()
+    git.run(up, "init", "-q", ".")
+    (up / "a.c").write_text("int a;\\n")
+    git.run(up, "add", "a.c")
+    git.run(up, "commit", "-q", "-m", "base")
+    repo = git.Repo(up)
+    base = git.run(repo, "rev-parse", "HEAD")
+    series = Series(root=tmp, vars={}, author_name="t", author_email="t@t", date="2026-01-01T00:00:00+00:00",
+                    branch="mla-port", commits=())
+    shas = gitseries.commit_rendered(repo, base, [RenderedCommit("01-x", "x : one\\n", {"a.c": b"int a, b;\\n"})],
+                                     series)
+    pin = Pin(url="u", commit=base, tag="b1", sdist=None, path=tmp / "pin.toml")
+    names = gitseries.export(repo, base, shas[-1], tmp / "patches", pin, series)
+    gitseries.apply(repo, base, "mla-port", [tmp / "patches" / n for n in names], series)
+    assert git.read_blob(repo, "HEAD", "a.c") == b"int a, b;\\n"
+    export_commit(repo, base, tmp / "tree" / "llama.cpp")
+    assert (tmp / "tree" / "llama.cpp" / "a.c").read_text() == "int a;\\n"
+
+    phase[0] = "control"
+    import subprocess
+    subprocess.run(["git", "--version"], capture_output=True)
+    os.system("true")
+    print(json.dumps(starts))
+""")
+
+
+def _probe() -> list[dict]:
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_at_run_time_every_process_the_package_starts_comes_from_the_funnel():
+    starts = _probe()
+    funnel = str(PACKAGE / "process" / "__init__.py")
+    package = [s for s in starts if s["phase"] == "package"]
+    control = [s for s in starts if s["phase"] == "control"]
+    # the probe ran git: init, add, commit, read-tree, ls-tree, hash-object, update-index,
+    # write-tree, commit-tree, format-patch, checkout, am, rev-parse, cat-file, archive ...
+    assert len(package) >= 15 and all("git" in s["what"] for s in package), package
+    outside = [s for s in package if (s["file"], s["function"]) != (funnel, "run")]
+    assert outside == [], outside
+    # the controls: a direct subprocess.run and an os.system, each seen and named
+    assert [(s["event"], Path(s["file"]).name != "__init__.py") for s in control] == \
+        [("subprocess.Popen", True), ("os.system", True)], control
+
+
+def test_git_runs_bounded_and_fails_with_the_one_error(tmp_path):
+    git.run(tmp_path, "init", "-q", ".")
+    t0 = time.monotonic()
+    with pytest.raises(ProcessError, match="did not finish within 1 s") as info:
+        git.run(tmp_path, "-c", "alias.hang=!sleep 600", "hang", timeout=1)
+    assert info.value.timed_out and time.monotonic() - t0 < 10
+    with pytest.raises(ProcessError, match=r"git rev-parse failed \(exit 128\): ") as info:
+        git.run(tmp_path, "rev-parse", "--verify", "no-such-ref")
+    err = info.value
+    assert err.returncode == 128 and err.cmd[:2] == ["git", "rev-parse"] and "fatal" in err.stderr_tail
+    assert git.error_text(err) == err.message.split(": ", 1)[1] and str(tmp_path) in err.hint
+    # the user's own git configuration does not reach it
+    assert git.run(tmp_path, "config", "core.abbrev") == "12"
+
+
+def test_git_reads_and_writes_objects_without_a_running_git(tmp_path):
+    git.run(tmp_path, "init", "-q", ".")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "run.sh").write_text("echo hi\n")
+    (tmp_path / "sub" / "run.sh").chmod(0o755)
+    (tmp_path / "a.txt").write_bytes(b"a\r\nb\n")
+    git.run(tmp_path, "add", "-A")
+    git.run(tmp_path, "commit", "-q", "-m", "one")
+    repo = git.Repo(tmp_path)
+    assert repo.working_tree_dir == str(tmp_path) and repo.git_dir == str(tmp_path / ".git")
+    assert git.read_blob(repo, "HEAD", "a.txt") == b"a\r\nb\n"
+    assert git.read_blob(repo, "HEAD", "missing.txt") is None and git.read_blob(repo, "HEAD", "sub") is None
+    assert git.file_modes(repo, "HEAD", ["sub/run.sh", "a.txt", "missing.txt"]) == {
+        "sub/run.sh": "100755", "a.txt": "100644"}
+    ids = git.store_blobs(repo, [b"a\r\nb\n", b"", b"new\n"])
+    assert ids[0] == git.run(repo, "rev-parse", "HEAD:a.txt")       # stored as it is, no filters
+    assert git.read_blob(repo, ids[2], "") is None and git.run(repo, "cat-file", "-p", ids[2]) == "new"
+    with tarfile.open(fileobj=io.BytesIO(git.archive(repo, "HEAD"))) as tar:
+        assert sorted(tar.getnames()) == ["a.txt", "sub", "sub/run.sh"]
+    bare = tmp_path / "bare.git"
+    git.run(tmp_path, "clone", "-q", "--bare", ".", str(bare))
+    assert git.Repo(bare).working_tree_dir is None and git.read_blob(git.Repo(bare), "HEAD", "a.txt") == b"a\r\nb\n"
+    with pytest.raises(WorkTreeError, match="is not a git repository"):
+        git.Repo(tmp_path / "sub")

@@ -73,15 +73,17 @@ class PatchApplyError(SeriesError):
 class ProcessError(PortError):
     """A command run through the process funnel (llamacpp_mla_port.process) could not start,
     ran past its time-out (killed with its whole group: `timed_out`, `returncode` None) or,
-    with check=True, exited non-zero. `cmd` is the argument list, `stderr_tail` the end of
-    what it wrote to stderr."""
+    with check=True, exited non-zero (git: any non-zero exit, process.git). `cmd` is the argument
+    list, `stderr_tail` the end of what it wrote to stderr, `stdout_tail` (git only) of stdout."""
 
     def __init__(self, message: str, hint: str | None = None, cmd: list[str] | None = None,
-                 returncode: int | None = None, stderr_tail: str = "", timed_out: bool = False):
+                 returncode: int | None = None, stderr_tail: str = "", timed_out: bool = False,
+                 stdout_tail: str = ""):
         super().__init__(message, hint)
         self.cmd = list(cmd or [])
         self.returncode = returncode
         self.stderr_tail = stderr_tail
+        self.stdout_tail = stdout_tail
         self.timed_out = timed_out
 
 

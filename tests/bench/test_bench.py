@@ -168,12 +168,12 @@ def test_n_sweep_measures_each_product_against_its_floor(patched_tree, llama_bui
 
 def _draft_bench(tree, build, pair, out, *args, timeout: float = 300):
     """draft-bench on the tiny pair, writing OUT: the finished process."""
-    from llamacpp_mla_port.proof.run.processes import run_bounded
+    from llamacpp_mla_port import process
     from llamacpp_mla_port.proof.run.programs import compile_program
 
     _, _, draft, target = pair
     exe = compile_program("draft-bench", tree, build)
-    return run_bounded([exe, "--draft", draft, "--target", target, "--out", out, *args], timeout)
+    return process.run([exe, "--draft", draft, "--target", target, "--out", out, *args], timeout=timeout)
 
 
 @pytest.mark.build

@@ -16,11 +16,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
 import pytest
 
 from llamacpp_mla_port import project
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.cli import main
 from llamacpp_mla_port.series import pipeline
 from llamacpp_mla_port.series.anchors import Located, tokens
@@ -79,24 +78,24 @@ class World:
         self.root, self.base, self.up = root, base_sha, up
 
     def read(self, rev: str, path: str) -> str:
-        return gitutil.read_blob(git.Repo(self.up), rev, path).decode()
+        return git.read_blob(git.Repo(self.up), rev, path).decode()
 
     def commit(self, name: str, edits: dict, parent: str | None = None, orphan=False) -> str:
         """A commit on refs/heads/<name> of the upstream: `edits` maps path -> text -> text."""
         parent = parent or self.base
         repo = git.Repo(self.up)
         index = {"GIT_INDEX_FILE": str(self.root / f"index-{name}")}
-        gitutil.run(self.up, "read-tree", parent, env=index)
+        git.run(self.up, "read-tree", parent, env=index)
         for path, edit in edits.items():
             new = edit(self.read(parent, path))
-            blob = gitutil.store_blob(repo, new.encode())
-            gitutil.run(self.up, "update-index", "--add", "--cacheinfo", f"100644,{blob},{path}",
-                        env=index)
-        tree = gitutil.run(self.up, "write-tree", env=index)
+            blob = git.store_blob(repo, new.encode())
+            git.run(self.up, "update-index", "--add", "--cacheinfo", f"100644,{blob},{path}",
+                    env=index)
+        tree = git.run(self.up, "write-tree", env=index)
         parents = [] if orphan else ["-p", parent]
-        sha = gitutil.run(self.up, "commit-tree", tree, *parents, "-m", f"upstream: {name}",
-                          env=gitutil.identity_env("Upstream", "u@x", "2026-10-02T00:00:00Z"))
-        gitutil.run(self.up, "update-ref", f"refs/heads/{name}", sha)
+        sha = git.run(self.up, "commit-tree", tree, *parents, "-m", f"upstream: {name}",
+                      env=git.identity_env("Upstream", "u@x", "2026-10-02T00:00:00Z"))
+        git.run(self.up, "update-ref", f"refs/heads/{name}", sha)
         return sha
 
 
@@ -104,13 +103,13 @@ def make_world(tmp_path_factory, pin, sdist_tarball):
     """Generator for a module-scoped `world` fixture: the cache copy and the upstream."""
     real = obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
     root = tmp_path_factory.mktemp("rebase")
-    gitutil.run(root, "clone", "-q", "--mirror", "--local", obtain.cache_repo().git_dir,
-                str(root / "cache" / "base.git"))
+    git.run(root, "clone", "-q", "--mirror", "--local", obtain.cache_repo().git_dir,
+            str(root / "cache" / "base.git"))
     up = root / "upstream.git"
-    gitutil.run(root, "init", "-q", "--bare", str(up))
+    git.run(root, "init", "-q", "--bare", str(up))
     (up / "objects" / "info" / "alternates").write_text(
         str(root / "cache" / "base.git" / "objects") + "\n")
-    gitutil.run(up, "update-ref", "refs/heads/main", real.sha)
+    git.run(up, "update-ref", "refs/heads/main", real.sha)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LLAMACPP_MLA_PORT_CACHE", str(root / "cache"))
         yield World(root, real.sha, up)
@@ -226,9 +225,9 @@ class Project:
                 "patches": {p.name: p.read_bytes() for p in sorted(self.patches.iterdir())}}
         tree = self.work / "llama.cpp"
         if tree.exists():
-            snap["head"] = gitutil.run(tree, "rev-parse", "HEAD")
-            snap["branch"] = gitutil.run(tree, "rev-parse", "--abbrev-ref", "HEAD")
-            snap["status"] = gitutil.run(tree, "status", "--porcelain")
+            snap["head"] = git.run(tree, "rev-parse", "HEAD")
+            snap["branch"] = git.run(tree, "rev-parse", "--abbrev-ref", "HEAD")
+            snap["status"] = git.run(tree, "status", "--porcelain")
             snap["state"] = (tree / ".git" / "llamacpp-mla-port.json").read_text()
         return snap
 
@@ -259,7 +258,7 @@ def met_changes(templates: Path, world: World) -> list[Met]:
     pin = load_pin(templates / "pin.toml")
     up = git.Repo(world.up)
     steps: list[Step] = []
-    walk_series(series, lambda p: gitutil.read_blob(up, world.base, p), pin.short, {"pin": pin},
+    walk_series(series, lambda p: git.read_blob(up, world.base, p), pin.short, {"pin": pin},
                 decide=lambda st: steps.append(st) or True)
     patterns = [(ch.origin, p) for c in series.commits for ch in c.changes
                 for p in (ch.anchor, ch.within, ch.within_end) if p]

@@ -15,7 +15,8 @@ import pytest
 
 from llamacpp_mla_port.fixtures.draft_gguf import write_mla_draft_gguf, write_qwen3_draft_gguf
 from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-from llamacpp_mla_port.proof.run.processes import LOCALHOST, Owned, free_port, run_bounded
+from llamacpp_mla_port import process
+from llamacpp_mla_port.proof.run.processes import LOCALHOST, Owned, free_port
 
 pytestmark = pytest.mark.build
 
@@ -59,9 +60,9 @@ def models(llama_build, tmp_path_factory):
 
 
 def speculative_simple(build: Path, target: Path, draft: Path):
-    return run_bounded([build / "bin" / "llama-speculative-simple", "-m", target, "-md", draft,
+    return process.run([build / "bin" / "llama-speculative-simple", "-m", target, "-md", draft,
                         "--spec-type", "draft-dspark", "-p", "hello world", "-n", "8", "--temp", "0",
-                        "-c", "256", "-t", "1"], 120, env={"GGML_NO_BACKTRACE": "1", "PATH": "/usr/bin:/bin"})
+                        "-c", "256", "-t", "1"], timeout=120, env={"GGML_NO_BACKTRACE": "1", "PATH": "/usr/bin:/bin"})
 
 
 def assert_clean_refusal(rc: int, log: str, needles: list[str]) -> None:
@@ -81,9 +82,9 @@ def test_a_fitting_draft_runs(llama_build, models):
 def test_a_one_token_prompt_runs(llama_build, models):
     """A one-token prompt ("the": the test tokenizer cuts 5 characters a token, no BOS) leaves an
     empty first batch; that is not a failed decode, and generation goes on as on the base."""
-    proc = run_bounded([llama_build / "bin" / "llama-speculative-simple", "-m", models["target"],
+    proc = process.run([llama_build / "bin" / "llama-speculative-simple", "-m", models["target"],
                         "-md", models["drafts"]["fits"], "--spec-type", "draft-dspark", "-p", "the", "-n", "8",
-                        "--temp", "0", "-c", "256", "-t", "1"], 120, env={"GGML_NO_BACKTRACE": "1", "PATH": "/usr/bin:/bin"})
+                        "--temp", "0", "-c", "256", "-t", "1"], timeout=120, env={"GGML_NO_BACKTRACE": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "failed to decode the prompt" not in proc.stderr and "n_tokens == 0" not in proc.stderr, proc.stderr[-3000:]
     assert "n_predict = " in proc.stderr, proc.stderr[-3000:]       # the run reached its summary

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.run.processes import Owned, RpcServer, free_port, run_bounded
+from llamacpp_mla_port.proof.run.processes import Owned, RpcServer, free_port
 
 # a parent that listens on a port and leaves a child behind in its process group
 SERVER = """
@@ -62,15 +62,6 @@ def test_waits_are_bounded(tmp_path):
             srv.wait_port(free_port(), seconds=1)
         assert time.monotonic() - t0 < 30
         assert not srv.alive()          # a time-out stops it
-
-
-def test_run_bounded_kills_on_timeout():
-    t0 = time.monotonic()
-    with pytest.raises(ProofError, match="did not finish within"):
-        run_bounded([sys.executable, "-c", "import time; time.sleep(600)"], timeout=1)
-    assert time.monotonic() - t0 < 30
-    done = run_bounded([sys.executable, "-c", "print('hi')"], timeout=30)
-    assert done.returncode == 0 and done.stdout.strip() == "hi"
 
 
 def test_wait_log_sees_output_and_is_bounded(tmp_path):

@@ -27,7 +27,8 @@ import pytest
 from llamacpp_mla_port.proof import lossless, parity
 from llamacpp_mla_port.proof.rpc import DRAFT_PLACEMENTS, draft_args, placement, rpc_devices, target_split_args
 from llamacpp_mla_port.proof.run.draft_logits import run_draft_logits
-from llamacpp_mla_port.proof.run.processes import LOCALHOST, Owned, RpcServer, free_port, run_bounded
+from llamacpp_mla_port import process
+from llamacpp_mla_port.proof.run.processes import LOCALHOST, Owned, RpcServer, free_port
 from llamacpp_mla_port.proof.run.programs import compile_program
 
 pytestmark = pytest.mark.build
@@ -89,7 +90,7 @@ def _spec_cmd(build, pair, servers, where: str, prompt: str, n_predict: int, ext
 
 @pytest.mark.parametrize("where", DRAFT_PLACEMENTS)
 def test_models_land_on_both_remote_devices(llama_build, pair, servers, where):
-    proc = run_bounded(_spec_cmd(llama_build, pair, servers, where, pair.prompts[0], 4, ["-v"]), 300)
+    proc = process.run(_spec_cmd(llama_build, pair, servers, where, pair.prompts[0], 4, ["-v"]), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     placed = placement(proc.stderr)
     print(f"placement, draft {where}: {placed}")
@@ -285,7 +286,7 @@ def test_a_port_that_is_not_an_rpc_server_is_refused(llama_build, pair, own_serv
         cmd_client[cmd_client.index(",".join(_endpoints(own_servers)))] = ",".join(servers)
         env = dict(os.environ, GGML_RPC_CONNECT_TIMEOUT=str(CONNECT_TIMEOUT_S))
         t0 = time.monotonic()
-        proc = run_bounded(cmd_client, FAULT_BOUND_S, env=env)
+        proc = process.run(cmd_client, timeout=FAULT_BOUND_S, env=env)
         took = time.monotonic() - t0
     finally:
         if foreign:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from llamacpp_mla_port import build as build_mod
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.series import stacks
 from llamacpp_mla_port.series.spec import Stack, load_series
 from llamacpp_mla_port.upstreaming.harness_diff import archs_results
@@ -108,7 +109,7 @@ def _tree_with(commit_slugs: tuple[str, ...], pin, sdist_tarball, dest: Path) ->
     series = load_series(REPO / "templates")
     alone = Stack(name="regression", title="tests : regression", commits=commit_slugs)
     rs = stacks.render_stack(repo, series, alone, base.sha, pin.tag, {"pin": pin})
-    data = repo.git.archive(rs.head, stdout_as_string=False)
+    data = git.archive(repo, rs.head)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
     return dest

@@ -11,10 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-import git
 import pytest
 
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.series import pipeline
 from llamacpp_mla_port.source import obtain
 
@@ -66,17 +65,17 @@ def test_check_never_moves_a_work_tree_on_another_base(opts, tmp_path):
     """A work tree standing on another base (an older pin) is left where it is; the control:
     `patch` with the same options does move it."""
     ws, repo, pin, base = pipeline.prepare(opts, log=lambda *_: None)
-    gitutil.run(repo, "checkout", "-q", "-b", "elsewhere")
+    git.run(repo, "checkout", "-q", "-b", "elsewhere")
     (Path(repo.working_tree_dir) / "README.md").write_text("mine\n")
-    gitutil.run(repo, "commit", "-q", "-am", "another base",
-                env=gitutil.identity_env("a", "a@a", "2026-01-01T00:00:00Z"))
-    other = gitutil.run(repo, "rev-parse", "HEAD")
+    git.run(repo, "commit", "-q", "-am", "another base",
+            env=git.identity_env("a", "a@a", "2026-01-01T00:00:00Z"))
+    other = git.run(repo, "rev-parse", "HEAD")
     ws.save_state(**{**ws.state(), "base": other})
     opts = opts.with_flags(patches_dir=PATCHES_DIR)
     assert pipeline.check(opts, log=lambda *_: None) == ""
-    assert gitutil.run(repo, "rev-parse", "HEAD") == other and ws.state()["base"] == other
+    assert git.run(repo, "rev-parse", "HEAD") == other and ws.state()["base"] == other
     pipeline.prepare(opts, log=lambda *_: None)
-    assert gitutil.run(repo, "rev-parse", "HEAD") == base.sha and ws.state()["base"] == base.sha
+    assert git.run(repo, "rev-parse", "HEAD") == base.sha and ws.state()["base"] == base.sha
 
 
 def test_rendering_twice_is_byte_identical(opts, tmp_path):
@@ -98,7 +97,7 @@ def test_series_commits_have_llama_cpp_titles_and_bodies():
     from llamacpp_mla_port.series.render import render_series
     repo = git.Repo(obtain.cache_repo().git_dir)
     base = obtain.cached(pin, "sdist") or obtain.cached(pin, "git")
-    commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p), "base",
+    commits = render_series(series, lambda p: git.read_blob(repo, base.sha, p), "base",
                             {"pin": pin})
     for c in commits:
         title, blank, *body = c.message.splitlines()
@@ -111,23 +110,22 @@ def test_patch_applies_with_git_am_and_is_idempotent(opts):
     first = pipeline.patch(opts, log=logs.append)
     tree = Path(first["tree"])
     repo = git.Repo(tree)
-    head = gitutil.run(repo, "rev-parse", "HEAD")
-    assert gitutil.run(repo, "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
+    head = git.run(repo, "rev-parse", "HEAD")
+    assert git.run(repo, "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
     n = len(first["patches"])
-    assert gitutil.run(repo, "rev-list", "--count", "mla-port-base..HEAD") == str(n)
+    assert git.run(repo, "rev-list", "--count", "mla-port-base..HEAD") == str(n)
     # the applied tree equals the rendered one (checked inside patch) and a rerun is a no-op
     logs.clear()
     pipeline.patch(opts, log=logs.append)
-    assert gitutil.run(repo, "rev-parse", "HEAD") == head
+    assert git.run(repo, "rev-parse", "HEAD") == head
     assert any("already applied" in line for line in logs)
     # the exported patches apply on a plain clone of the base with git am -3 too
     other = opts.places.work_dir.parent / "plain"
-    gitutil.run(opts.places.work_dir.parent, "clone", "-q", "--branch", "mla-port-base", str(tree),
-                str(other))
-    gitutil.run(other, "am", "-3", *[str(opts.places.patches_dir / p) for p in first["patches"]],
-                env=gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z"))
-    assert gitutil.run(other, "rev-parse", "HEAD^{tree}") == gitutil.run(repo, "rev-parse",
-                                                                          "HEAD^{tree}")
+    git.run(opts.places.work_dir.parent, "clone", "-q", "--branch", "mla-port-base", str(tree),
+            str(other))
+    git.run(other, "am", "-3", *[str(opts.places.patches_dir / p) for p in first["patches"]],
+            env=git.identity_env("t", "t@t", "2026-01-01T00:00:00Z"))
+    assert git.run(other, "rev-parse", "HEAD^{tree}") == git.run(repo, "rev-parse", "HEAD^{tree}")
 
 
 # ------------------------------------------------------------------------ anchors and templates
@@ -187,13 +185,13 @@ def test_sdist_and_git_sources_give_the_same_tree(tmp_path, pin, sdist_tarball, 
     sd = obtain.import_sdist(pin, sdist_tarball, log=lambda *_: None)
     # an independent git repo of the same files, committed by someone else
     work = tmp_path / "upstream-clone"
-    gitutil.run(tmp_path, "clone", "-q", obtain.cache_repo().git_dir, str(work), "--no-checkout")
-    gitutil.run(work, "checkout", "-q", sd.sha)
-    gitutil.run(work, "commit", "-q", "--amend", "-m", "upstream-like commit",
-                env=gitutil.identity_env("Someone", "s@x", "2026-10-01T12:00:00Z"))
-    commit = gitutil.run(work, "rev-parse", "HEAD")
+    git.run(tmp_path, "clone", "-q", obtain.cache_repo().git_dir, str(work), "--no-checkout")
+    git.run(work, "checkout", "-q", sd.sha)
+    git.run(work, "commit", "-q", "--amend", "-m", "upstream-like commit",
+            env=git.identity_env("Someone", "s@x", "2026-10-01T12:00:00Z"))
+    commit = git.run(work, "rev-parse", "HEAD")
     bare = tmp_path / "served.git"
-    gitutil.run(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    git.run(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
     served_pin = dataclasses.replace(pin, commit=commit, url=str(bare))
     got = obtain.obtain(served_pin, "git", log=lambda *_: None)
     assert got.sha == commit and got.source == "git"
@@ -225,10 +223,10 @@ def test_wrong_commit_is_refused(tmp_path, pin, monkeypatch):
     monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
     repo = tmp_path / "other"
     repo.mkdir()
-    gitutil.run(repo, "init", "-q", ".")
+    git.run(repo, "init", "-q", ".")
     (repo / "README").write_text("not llama.cpp\n")
-    gitutil.run(repo, "add", "README")
-    gitutil.run(repo, "commit", "-q", "-m", "x", env=gitutil.identity_env("a", "a@a", "2026-01-01T00:00:00Z"))
+    git.run(repo, "add", "README")
+    git.run(repo, "commit", "-q", "-m", "x", env=git.identity_env("a", "a@a", "2026-01-01T00:00:00Z"))
     with pytest.raises(ObtainError) as exc:
         obtain.obtain(pin, "auto", git_url=str(repo))
     assert not isinstance(exc.value, NetworkError)
@@ -262,10 +260,10 @@ def test_a_tag_pin_fetches_the_tag_and_checks_its_tree(tmp_path, pin, sdist_tarb
     the pinned one is refused (the control: a tree id one digit off)."""
     real = obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
     up = tmp_path / "up.git"
-    gitutil.run(tmp_path, "init", "-q", "--bare", str(up))
+    git.run(tmp_path, "init", "-q", "--bare", str(up))
     (up / "objects" / "info" / "alternates").write_text(f"{obtain.cache_repo().git_dir}/objects\n")
     tagged = _tag_pin(pin, tmp_path, real.tree)
-    gitutil.run(up, "update-ref", f"refs/tags/{tagged.tag}", real.sha)
+    git.run(up, "update-ref", f"refs/tags/{tagged.tag}", real.sha)
     monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
     base = obtain.obtain(tagged, "git", git_url=str(up))
     assert base.tree == real.tree and base.ref == obtain.pin_ref("git", tagged)
@@ -302,15 +300,15 @@ def test_dirty_work_tree_is_refused_and_kept(opts):
         pipeline.patch(opts, log=lambda *_: None)
     assert "src/llama.cpp" in str(exc.value) and "stash" in str(exc.value)
     assert target.read_text().endswith("// my local experiment\n")     # nothing lost
-    gitutil.run(tree, "checkout", "--", "src/llama.cpp")
+    git.run(tree, "checkout", "--", "src/llama.cpp")
     (tree / "my-notes.txt").write_text("mine\n")
     with pytest.raises(WorkTreeError, match="my-notes.txt"):
         pipeline.patch(opts, log=lambda *_: None)
     (tree / "my-notes.txt").unlink()
     # a commit of the user's on the tool's branch is refused, not reset away
     (tree / "my-notes.txt").write_text("mine\n")
-    gitutil.run(tree, "add", "my-notes.txt")
-    gitutil.run(tree, "commit", "-q", "-m", "mine", env=gitutil.identity_env("u", "u@u", "2026-01-01T00:00:00Z"))
+    git.run(tree, "add", "my-notes.txt")
+    git.run(tree, "commit", "-q", "-m", "mine", env=git.identity_env("u", "u@u", "2026-01-01T00:00:00Z"))
     with pytest.raises(WorkTreeError, match="did not make"):
         pipeline.patch(opts, log=lambda *_: None)
 
@@ -337,8 +335,8 @@ def test_apply_failure_leaves_the_base_not_half_applied(opts):
     with pytest.raises(SeriesError, match="git am -3"):
         series_mod.apply(repo, base, "mla-port", series_mod.read_series(opts.places.patches_dir),
                          load_series(TEMPLATES))
-    assert gitutil.run(repo, "rev-parse", "HEAD") == base
-    assert gitutil.run(repo, "status", "--porcelain") == ""
+    assert git.run(repo, "rev-parse", "HEAD") == base
+    assert git.run(repo, "status", "--porcelain") == ""
     assert not (Path(repo.git_dir) / "rebase-apply").exists()
 
 
@@ -351,7 +349,7 @@ def test_relative_work_dirs_name_one_place(tmp_path, sdist_tarball, monkeypatch)
                            source="sdist", sdist_file=sdist_tarball)
     result = pipeline.patch(rel, log=lambda *_: None)
     assert Path(result["tree"]) == tmp_path / "rel-work" / "llama.cpp"
-    assert gitutil.run(tmp_path / "rel-work" / "llama.cpp", "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
+    assert git.run(tmp_path / "rel-work" / "llama.cpp", "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
     assert not (tmp_path / "rel-work" / "rel-work").exists()
 
 
@@ -372,7 +370,7 @@ def test_a_stale_git_lock_is_removed_a_live_one_refused(opts):
         sleeper.wait()
     pipeline.patch(opts, log=lambda *_: None)
     assert not lock.exists()
-    assert gitutil.run(tree, "status", "--porcelain") == ""
+    assert git.run(tree, "status", "--porcelain") == ""
 
 
 @pytest.mark.parametrize("delay", [0.3, 0.8, 1.5, 3.0])
@@ -392,8 +390,8 @@ def test_interrupted_run_can_simply_be_rerun(tmp_path, sdist_tarball, delay):
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     tree = work / "llama.cpp"
-    assert gitutil.run(tree, "status", "--porcelain") == ""
-    assert gitutil.run(tree, "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
+    assert git.run(tree, "status", "--porcelain") == ""
+    assert git.run(tree, "rev-parse", "--abbrev-ref", "HEAD") == "mla-port"
     check = subprocess.run([c for c in cmd if c != "patch"][:len(TOOL)] + ["check"] + cmd[len(TOOL) + 1:],
                            env=env, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout[-2000:]
@@ -428,29 +426,29 @@ def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, 
     monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
     sd = obtain.import_sdist(pin, sdist_tarball, log=lambda *_: None)
     work = tmp_path / "upstream-clone"
-    gitutil.run(tmp_path, "clone", "-q", obtain.cache_repo().git_dir, str(work), "--no-checkout")
-    gitutil.run(work, "checkout", "-q", sd.sha)
-    ident = gitutil.identity_env("Someone", "s@x", "2026-10-01T12:00:00Z")
-    gitutil.run(work, "commit", "-q", "--amend", "-m", "upstream-like commit", env=ident)
-    first = gitutil.run(work, "rev-parse", "HEAD")
+    git.run(tmp_path, "clone", "-q", obtain.cache_repo().git_dir, str(work), "--no-checkout")
+    git.run(work, "checkout", "-q", sd.sha)
+    ident = git.identity_env("Someone", "s@x", "2026-10-01T12:00:00Z")
+    git.run(work, "commit", "-q", "--amend", "-m", "upstream-like commit", env=ident)
+    first = git.run(work, "rev-parse", "HEAD")
     (work / "NEWS.md").write_text("upstream moved on\n")
-    gitutil.run(work, "add", "NEWS.md")
-    gitutil.run(work, "commit", "-q", "-m", "a later upstream commit", env=ident)
-    second = gitutil.run(work, "rev-parse", "HEAD")
+    git.run(work, "add", "NEWS.md")
+    git.run(work, "commit", "-q", "-m", "a later upstream commit", env=ident)
+    second = git.run(work, "rev-parse", "HEAD")
     bare = tmp_path / "served.git"
-    gitutil.run(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    git.run(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
     # the git-source upstream fetch makes the cache shallow; the shallow state is exactly what
     # a fresh work tree must cope with
     opts = pipeline.Options(run_places(work_dir=tmp_path / "work", patches_dir=tmp_path / "patches"),
                             source="git", git_url=str(bare), commit=first)
     tree = Path(pipeline.patch(opts, log=lambda *_: None)["tree"])
     assert (Path(obtain.cache_repo().git_dir) / "shallow").exists()
-    assert gitutil.run(tree, "rev-parse", "mla-port-base") == first
+    assert git.run(tree, "rev-parse", "mla-port-base") == first
     # the pin moves forward (another commit) on the applied tree: the tree follows
     moved = dataclasses.replace(opts, commit=second)
     pipeline.patch(moved, log=lambda *_: None)
-    assert gitutil.run(tree, "rev-parse", "mla-port-base") == second
-    assert gitutil.run(tree, "rev-parse", "HEAD~" + str(len(load_series(TEMPLATES).commits))) == second
+    assert git.run(tree, "rev-parse", "mla-port-base") == second
+    assert git.run(tree, "rev-parse", "HEAD~" + str(len(load_series(TEMPLATES).commits))) == second
     assert (tree / "NEWS.md").read_text() == "upstream moved on\n"
 
 
@@ -483,7 +481,7 @@ def test_a_reworded_commit_is_applied_again(tmp_path, opts):
     logs: list[str] = []
     pipeline.patch(opts.with_flags(templates_dir=templates), log=logs.append)
     assert not any("already applied" in line for line in logs), logs
-    assert "Reworded." in gitutil.run(repo, "log", "--format=%B", "mla-port-base..HEAD")
+    assert "Reworded." in git.run(repo, "log", "--format=%B", "mla-port-base..HEAD")
 
 
 def _touched_by_series(patches_dir: Path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.errors import AnchorError, PortDescriptionError
 from llamacpp_mla_port.series import stacks
 from llamacpp_mla_port.series.spec import load_series
@@ -63,13 +63,13 @@ def test_each_stack_applies_alone_on_the_pin_in_both_forms(base, pin, tmp_path):
         assert len((folder / "patches" / "series").read_text().split()) \
             == len(rs.stack.commits)
         # the squashed commit and the stack's head hold the same tree, on the base
-        assert gitutil.run(repo, "rev-parse", f"{rs.squashed}^{{tree}}") == \
-            gitutil.run(repo, "rev-parse", f"{rs.head}^{{tree}}")
+        assert git.run(repo, "rev-parse", f"{rs.squashed}^{{tree}}") == \
+            git.run(repo, "rev-parse", f"{rs.head}^{{tree}}")
         # on the pin, or on the head of the stacks it is based on (a stacked PR)
-        assert gitutil.run(repo, "rev-parse", f"{rs.squashed}^") == rs.base
+        assert git.run(repo, "rev-parse", f"{rs.squashed}^") == rs.base
         if rs.stack.depends:
             under = {r.stack.name: r for r in rendered}
-            assert gitutil.run(repo, "rev-parse", f"{rs.base}^{{tree}}") == gitutil.run(
+            assert git.run(repo, "rev-parse", f"{rs.base}^{{tree}}") == git.run(
                 repo, "rev-parse", f"{under[rs.stack.depends[-1]].head}^{{tree}}")
         else:
             assert rs.base == base.sha
@@ -232,15 +232,15 @@ def test_long_comments_and_non_ascii_added_lines_are_found():
 def test_the_mla_draft_pr_brings_its_own_pairing_and_the_series_shares_one(base, pin, tmp_path):
     """mla-draft alone carries 09's pairing code for its MLA case (with_commit / without_commit),
     without pair-check's refusals and EAGLE3 cases; in the series it extends 09's cases."""
-    from llamacpp_mla_port import gitutil
+    from llamacpp_mla_port.process import git
     repo = upstream.cache_repo()
     series = load_series(TEMPLATES_DIR)
     rs = stacks.render_stack(repo, series, series.stack("mla-draft"), base.sha, pin.tag, {"pin": pin})
-    alone = gitutil.read_blob(repo, rs.head, "tests/test-llama-archs.cpp").decode()
+    alone = git.read_blob(repo, rs.head, "tests/test-llama-archs.cpp").decode()
     assert '{ "MLA", LLM_ARCH_KIMI_K3, true, 2, true }' in alone and "get_logits_dflash_pair(" in alone
     for absent in ("check_dflash_pair_refused", "eagle3_cases", '"Qwen3", LLM_ARCH_QWEN3'):
         assert absent not in alone, absent
-    message = gitutil.run(repo, "log", "-1", "--format=%B", rs.shas[series.stack("mla-draft").commits.index(
+    message = git.run(repo, "log", "-1", "--format=%B", rs.shas[series.stack("mla-draft").commits.index(
         "23-tests-dflash-mla-archs")])
     assert "test-llama-archs skipped LLM_ARCH_DFLASH" in message
     patch = next((PATCHES_DIR).glob("*-tests-run-an-MLA-DFlash-draft-in-test-llama-archs.patch")).read_text()

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_mla_port import build as build_mod, gitutil
+from llamacpp_mla_port import build as build_mod
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.errors import ObtainError, PinError
 from llamacpp_mla_port.source.pin import load_pin
 from llamacpp_mla_port.source import newer as newer_mod, obtain
@@ -139,8 +140,8 @@ def test_a_hunk_that_does_not_apply_ends_at_apply_with_the_rejected_hunk(world, 
     assert re.search(rf"apply +FAILED .*rejected 0002-.* at {GRAPH}:{base_line}", lines), lines
     # the canary's tree is back on the new base, the project is untouched
     tree = tmp_path / "canary" / "llama.cpp"
-    assert gitutil.run(tree, "rev-parse", "HEAD") == gitutil.run(tree, "rev-parse", "mla-port-base")
-    assert gitutil.run(tree, "status", "--porcelain") == ""
+    assert git.run(tree, "rev-parse", "HEAD") == git.run(tree, "rev-parse", "mla-port-base")
+    assert git.run(tree, "status", "--porcelain") == ""
     _untouched(demo, before)
 
 
@@ -474,8 +475,8 @@ def test_an_sdist_tree_is_downloaded_checked_imported_and_cached(index, tmp_path
     assert newer.sdist.sha256 == entry["digests"]["sha256"]
     got = obtain.import_newer_tree(newer.sdist, newer.tag, newer.build, log=lambda *_: None)
     assert got.subdir == "llama.cpp" and got.pkg_version == "20001.0.0"
-    assert gitutil.run(obtain.cache_repo(), "ls-tree", "--name-only", got.base.sha, "include/") == "include/llama.h"
-    assert "Upstream-Build: 20001" in gitutil.run(obtain.cache_repo(), "log", "-1", "--format=%B", got.base.sha)
+    assert git.run(obtain.cache_repo(), "ls-tree", "--name-only", got.base.sha, "include/") == "include/llama.h"
+    assert "Upstream-Build: 20001" in git.run(obtain.cache_repo(), "log", "-1", "--format=%B", got.base.sha)
     # recorded: the row's tree id is checked; the second run is offline (the index is gone)
     _table(templates, [{"tag": "b20001", "build": 20001, "package": "llama-cpp-fixture", "version": "20001.0.0",
                         "filename": entry["filename"], "sha256": entry["digests"]["sha256"], "size": len(data),
@@ -574,8 +575,8 @@ def test_rebase_onto_a_recorded_sdist_row_pins_its_tag_and_tree(world, index, tm
     manifest = json.loads((p.patches / "manifest.json").read_text())
     assert manifest["base"] == {"url": pin.url, "commit": None, "tag": "b20010", "tree": got.base.tree}
     tree = p.work / "llama.cpp"
-    assert gitutil.run(tree, "rev-parse", "HEAD~2^{tree}") == got.base.tree
-    assert gitutil.run(tree, "status", "--porcelain") == ""
+    assert git.run(tree, "rev-parse", "HEAD~2^{tree}") == got.base.tree
+    assert git.run(tree, "status", "--porcelain") == ""
     assert pipeline.check(pipeline.Options(p.places()), log=lambda *_: None) == ""
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import git
 import pytest
 
 from llamacpp_mla_port.errors import ProofError
@@ -194,18 +193,18 @@ def test_a_new_base_is_exported_newer_than_the_last_build(tmp_path):
     is silently stale. The control: the same commit is not exported again."""
     import os
     import time
-    from llamacpp_mla_port import gitutil
+    from llamacpp_mla_port.process import git
     from llamacpp_mla_port.upstreaming.harness_diff import export_commit as _export
     src = tmp_path / "src"
     src.mkdir()
-    gitutil.run(src, "init", "-q", ".")
-    ident = gitutil.identity_env("a", "a@a", "2000-01-01T00:00:00Z")
+    git.run(src, "init", "-q", ".")
+    ident = git.identity_env("a", "a@a", "2000-01-01T00:00:00Z")
     shas = []
     for text in ("one\n", "two\n"):
         (src / "CMakeLists.txt").write_text(text)
-        gitutil.run(src, "add", "-A")
-        gitutil.run(src, "commit", "-q", "-m", text, env=ident)
-        shas.append(gitutil.run(src, "rev-parse", "HEAD"))
+        git.run(src, "add", "-A")
+        git.run(src, "commit", "-q", "-m", text, env=ident)
+        shas.append(git.run(src, "rev-parse", "HEAD"))
     repo = git.Repo(src)
     dest = tmp_path / "side" / "llama.cpp"
     _export(repo, shas[0], dest)

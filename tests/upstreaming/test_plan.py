@@ -8,16 +8,15 @@ import shutil
 import sys
 from pathlib import Path
 
-import git
 import pytest
 
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.errors import PortDescriptionError
 from llamacpp_mla_port.series.spec import Evidence, Overlap, Series, Stack, load_series
 from llamacpp_mla_port.upstreaming import plan
 
 REPO = Path(__file__).resolve().parents[2]
-IDENT = gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z")
+IDENT = git.identity_env("t", "t@t", "2026-01-01T00:00:00Z")
 
 FORM = """name: Enhancement
 description: Used to request enhancements for llama.cpp.
@@ -145,12 +144,12 @@ def test_feature_form_is_read_from_the_base_tree(tmp_path):
     (forms / "020-enhancement.yml").write_text(FORM)
     (forms / "config.yml").write_text("blank_issues_enabled: false\n")
     (repo / "README.md").write_text("x\n")
-    gitutil.run(repo, "init", "-q", ".")
-    gitutil.run(repo, "add", "-A")
-    gitutil.run(repo, "commit", "-q", "-m", "base", env=IDENT)
-    with_form = gitutil.run(repo, "rev-parse", "HEAD")
-    gitutil.run(repo, "rm", "-q", "-r", ".github")
-    gitutil.run(repo, "commit", "-q", "-m", "no forms", env=IDENT)
+    git.run(repo, "init", "-q", ".")
+    git.run(repo, "add", "-A")
+    git.run(repo, "commit", "-q", "-m", "base", env=IDENT)
+    with_form = git.run(repo, "rev-parse", "HEAD")
+    git.run(repo, "rm", "-q", "-r", ".github")
+    git.run(repo, "commit", "-q", "-m", "no forms", env=IDENT)
     r = git.Repo(repo)
     path, form = plan.feature_form(r, with_form)
     assert path == ".github/ISSUE_TEMPLATE/020-enhancement.yml" and form["sections"] == SECTIONS

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG
 from llamacpp_mla_port.errors import BuildError, SeriesError
 from llamacpp_mla_port.source import obtain
@@ -24,7 +24,7 @@ from llamacpp_mla_port.upstreaming.pr import PrOptions, check_commits, make_pr
 from llamacpp_mla_port.upstreaming.pr_docs import checklist
 from tests.helpers.upstream_drift import GRAPH, Project, make_world
 
-IDENT = gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z")
+IDENT = git.identity_env("t", "t@t", "2026-01-01T00:00:00Z")
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def base_files(pin, sdist_tarball) -> dict[str, str]:
     """The base tree's own rule files."""
     base = obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
     repo = obtain.cache_repo()
-    return {name: gitutil.read_blob(repo, base.sha, name).decode()
+    return {name: git.read_blob(repo, base.sha, name).decode()
             for name in (".editorconfig", ".ecrc", ".flake8", ".github/pull_request_template.md")}
 
 
@@ -101,10 +101,10 @@ def test_flake8_uses_the_trees_config(tmp_path, base_files):
 # ------------------------------------------------------------------------------ the commit loop
 def _repo_with_commits(tmp_path: Path, base_files: dict) -> tuple[Path, str, list[str]]:
     repo = _tree(tmp_path, base_files, {"CMakeLists.txt": "project(x)\n", "marker": "base\n"})
-    gitutil.run(repo, "init", "-q", ".")
-    gitutil.run(repo, "add", "-A")
-    gitutil.run(repo, "commit", "-q", "-m", "base", env=IDENT)
-    base = gitutil.run(repo, "rev-parse", "HEAD")
+    git.run(repo, "init", "-q", ".")
+    git.run(repo, "add", "-A")
+    git.run(repo, "commit", "-q", "-m", "base", env=IDENT)
+    base = git.run(repo, "rev-parse", "HEAD")
     shas = []
     for n, files in enumerate([
             {"src/a.cpp": "int a;\n", "gguf-py/a.py": "A = 1\n"},
@@ -112,14 +112,14 @@ def _repo_with_commits(tmp_path: Path, base_files: dict) -> tuple[Path, str, lis
             {"src/b.cpp": "int b;\n", "BROKEN": None}], 1):
         for name, text in files.items():
             if text is None:
-                gitutil.run(repo, "rm", "-q", name)
+                git.run(repo, "rm", "-q", name)
                 continue
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             (repo / name).write_text(text)
         (repo / "marker").write_text(f"commit {n}\n")
-        gitutil.run(repo, "add", "-A")
-        gitutil.run(repo, "commit", "-q", "-m", f"x : commit {n}", env=IDENT)
-        shas.append(gitutil.run(repo, "rev-parse", "HEAD"))
+        git.run(repo, "add", "-A")
+        git.run(repo, "commit", "-q", "-m", f"x : commit {n}", env=IDENT)
+        shas.append(git.run(repo, "rev-parse", "HEAD"))
     return repo, base, shas
 
 
@@ -150,8 +150,8 @@ def test_every_commit_is_built_and_linted_on_its_own(tmp_path, base_files):
     assert len(results[0].warnings) == 1 and "unused variable 'a'" in results[0].warnings[0]
     assert results[1].warnings == [] and results[0].ok
     # the user's checkout was never touched; the worktree is reused on the next run
-    assert gitutil.run(repo, "rev-parse", "HEAD") == shas[-1]
-    assert gitutil.run(repo, "status", "--porcelain") == ""
+    assert git.run(repo, "rev-parse", "HEAD") == shas[-1]
+    assert git.run(repo, "status", "--porcelain") == ""
     again = check_commits(repo, base, shas[-1], checkout, tmp_path / "build-pr", ["t1"], None,
                           log=lambda *_: None)
     assert [r.build_ok for r in again] == [None, None, None] and len(seen) == 3
@@ -161,23 +161,23 @@ def test_a_commit_that_edits_ggml_or_its_tools_builds_them_too(tmp_path, base_fi
     """test-backend-ops for a ggml or test-backend-ops edit, llama-bench for its own; the
     control: a commit elsewhere builds the PR targets only."""
     repo = _tree(tmp_path, base_files, {"CMakeLists.txt": "project(x)\n"})
-    gitutil.run(repo, "init", "-q", ".")
-    gitutil.run(repo, "add", "-A")
-    gitutil.run(repo, "commit", "-q", "-m", "base", env=IDENT)
-    base = gitutil.run(repo, "rev-parse", "HEAD")
+    git.run(repo, "init", "-q", ".")
+    git.run(repo, "add", "-A")
+    git.run(repo, "commit", "-q", "-m", "base", env=IDENT)
+    base = git.run(repo, "rev-parse", "HEAD")
     for n, name in enumerate(["src/a.cpp", "ggml/src/ggml-cpu/ops.cpp", "tests/test-backend-ops.cpp",
                               "tools/llama-bench/llama-bench.cpp"]):
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         (repo / name).write_text(f"int v{n};\n")
-        gitutil.run(repo, "add", "-A")
-        gitutil.run(repo, "commit", "-q", "-m", f"x : commit {n}", env=IDENT)
+        git.run(repo, "add", "-A")
+        git.run(repo, "commit", "-q", "-m", f"x : commit {n}", env=IDENT)
     seen = []
-    check_commits(repo, base, gitutil.run(repo, "rev-parse", "HEAD"), tmp_path / "co", tmp_path / "b",
+    check_commits(repo, base, git.run(repo, "rev-parse", "HEAD"), tmp_path / "co", tmp_path / "b",
                   ["llama", "test-backend-ops"], lambda tree, build_dir, targets: seen.append(targets),
                   log=lambda *_: None)
     assert seen[0] == ["llama", "test-backend-ops"]
     seen = []
-    check_commits(repo, base, gitutil.run(repo, "rev-parse", "HEAD"), tmp_path / "co", tmp_path / "b",
+    check_commits(repo, base, git.run(repo, "rev-parse", "HEAD"), tmp_path / "co", tmp_path / "b",
                   ["llama"], lambda tree, build_dir, targets: seen.append(targets), log=lambda *_: None)
     assert seen == [["llama"], ["llama", "test-backend-ops"], ["llama", "test-backend-ops"],
                     ["llama", "llama-bench"]]
@@ -218,16 +218,16 @@ def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     result = make_pr(PrOptions(p.places(),
                                proof_settings={"quick": True}, upstream_checks=False),
                      build=lambda tree, bd, targets: built.append(
-                         gitutil.run(tree, "rev-parse", "HEAD")),
+                         git.run(tree, "rev-parse", "HEAD")),
                      smoke=_fake_smoke, log=lambda *_: None)
     ev = p.work / "evidence"
     assert result["ok"] and result["evidence"] == ev
-    head = gitutil.run(p.work / "llama.cpp", "rev-parse", "HEAD")
+    head = git.run(p.work / "llama.cpp", "rev-parse", "HEAD")
     # each PR stack (one commit each in the demo) is built alone on the base
-    assert built[0] == gitutil.run(p.work / "llama.cpp", "rev-parse", "HEAD~1") and len(built) == 2
-    assert gitutil.run(p.work / "llama.cpp", "rev-parse", f"{built[1]}^") == world.base
-    assert gitutil.run(p.work / "llama.cpp", "rev-parse", f"{built[1]}^{{tree}}") != \
-        gitutil.run(p.work / "llama.cpp", "rev-parse", f"{head}^{{tree}}")
+    assert built[0] == git.run(p.work / "llama.cpp", "rev-parse", "HEAD~1") and len(built) == 2
+    assert git.run(p.work / "llama.cpp", "rev-parse", f"{built[1]}^") == world.base
+    assert git.run(p.work / "llama.cpp", "rev-parse", f"{built[1]}^{{tree}}") != \
+        git.run(p.work / "llama.cpp", "rev-parse", f"{head}^{{tree}}")
     assert sorted(x.name for x in (ev / "series").iterdir()) == sorted(
         x.name for x in p.patches.iterdir())
     up = json.loads((ev / "upstream.json").read_text())
@@ -264,7 +264,7 @@ def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     assert "demo-figure 0.5" in ev[0]["output_tail"] and "demo-figure 0.5" in (graph / "EVIDENCE.md").read_text()
     assert json.loads((graph / "checks.json").read_text())["checks"]["style"] is True
     # the tool's work tree is exactly as it was: the checks ran in their own worktree
-    assert gitutil.run(p.work / "llama.cpp", "status", "--porcelain") == ""
+    assert git.run(p.work / "llama.cpp", "status", "--porcelain") == ""
     assert (p.work / "pr" / "llama.cpp" / GRAPH).is_file()
 
 
@@ -346,7 +346,7 @@ def test_make_pr_reports_a_defect_of_one_commit(world, tmp_path):
 
 def test_make_pr_needs_the_applied_series(world, tmp_path):
     p = Project(world, tmp_path, world.base)
-    gitutil.run(p.work / "llama.cpp", "checkout", "-q", "mla-port-base")
+    git.run(p.work / "llama.cpp", "checkout", "-q", "mla-port-base")
     with pytest.raises(SeriesError, match="not applied"):
         make_pr(PrOptions(p.places()),
                 build=lambda *a: None, smoke=_fake_smoke, log=lambda *_: None)
@@ -423,7 +423,7 @@ def test_pr_builds_take_upstream_cis_cpu_flags(pin, sdist_tarball):
     from llamacpp_mla_port.upstreaming.pr import PR_CMAKE_ARGS
 
     base = obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
-    workflow = gitutil.read_blob(obtain.cache_repo(), base.sha, ".github/workflows/build-cpu.yml").decode()
+    workflow = git.read_blob(obtain.cache_repo(), base.sha, ".github/workflows/build-cpu.yml").decode()
     assert "-DLLAMA_FATAL_WARNINGS=ON" in PR_CMAKE_ARGS and "-DGGML_NATIVE=OFF" in PR_CMAKE_ARGS
     for flag in PR_CMAKE_ARGS:
         assert flag in workflow, flag

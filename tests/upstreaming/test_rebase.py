@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 
-import git
 import pytest
 
 from tests.helpers import PIN_FILE
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.series import pipeline
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.source.pin import load_pin
@@ -74,8 +73,8 @@ def test_lines_shifted_above_anchors_rebase_moves_the_pin(world, tmp_path, capsy
     manifest = json.loads((p.patches / "manifest.json").read_text())
     assert manifest["base"]["commit"] == new and len(manifest["patches"]) == 2
     tree = p.work / "llama.cpp"
-    assert gitutil.run(tree, "rev-parse", "HEAD~2") == new, out
-    assert gitutil.run(tree, "status", "--porcelain") == ""
+    assert git.run(tree, "rev-parse", "HEAD~2") == new, out
+    assert git.run(tree, "status", "--porcelain") == ""
     assert "# upstream moved on (6)" in (tree / GGUF).read_text()
     assert GUARDED_MASK in (tree / GRAPH).read_text()
     # the range-diff between the two revisions of the series: both commits, unchanged
@@ -234,8 +233,8 @@ def test_plain_tree_canary_only(world, untouched, tmp_path, capsys):
         "llm_graph_input_attn_k::set_input(", "llm_graph_input_attn_k::set_input_impl(")})
     tree = tmp_path / "llama.cpp-src"
     tree.mkdir()
-    gitutil.run(world.up, "--work-tree", str(tree), "checkout", new, "--", ".",
-                env={"GIT_INDEX_FILE": str(tmp_path / "idx")})
+    git.run(world.up, "--work-tree", str(tree), "checkout", new, "--", ".",
+            env={"GIT_INDEX_FILE": str(tmp_path / "idx")})
     assert (tree / "CMakeLists.txt").is_file() and not (tree / ".git").exists()
     rc, out, _ = untouched.rebase(capsys, "--onto", str(tree), "--canary")
     report = json.loads(out)
@@ -457,7 +456,7 @@ def test_the_analysis_of_the_pin_against_itself_reports_nothing(world, real):
     pin = load_pin(real.templates / "pin.toml")
     up = git.Repo(world.up)
     seen: dict = {}
-    read = lambda p: gitutil.read_blob(up, world.base, p)            # noqa: E731
+    read = lambda p: git.read_blob(up, world.base, p)            # noqa: E731
     analyse(series, read, pin.short, {"pin": pin}, seen=seen)
     again = analyse(series, read, pin.short, {"pin": pin}, baseline=seen)
     assert seen and {r.status for r in again} <= {"ok"}, {r.status for r in again}

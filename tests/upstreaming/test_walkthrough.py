@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import git
-
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.series.spec import Evidence, Stack, load_series
 from llamacpp_mla_port.upstreaming import walkthrough
 
 REPO = Path(__file__).resolve().parents[2]
-IDENT = gitutil.identity_env("t", "t@t", "2026-01-01T00:00:00Z")
+IDENT = git.identity_env("t", "t@t", "2026-01-01T00:00:00Z")
 
 
 def _repo(tmp_path: Path) -> tuple[Path, str]:
@@ -20,16 +18,16 @@ def _repo(tmp_path: Path) -> tuple[Path, str]:
     (repo / "tests").mkdir()
     (repo / "src" / "a.cpp").write_text("// a file\nint known_helper(int x) { return x; }\n\nint tail;\n")
     (repo / "tests" / "test-a.cpp").write_text("int main() {\n    return 0;\n}\n")
-    gitutil.run(repo, "init", "-q", ".")
-    gitutil.run(repo, "add", "-A")
-    gitutil.run(repo, "commit", "-q", "-m", "base", env=IDENT)
-    return repo, gitutil.run(repo, "rev-parse", "HEAD")
+    git.run(repo, "init", "-q", ".")
+    git.run(repo, "add", "-A")
+    git.run(repo, "commit", "-q", "-m", "base", env=IDENT)
+    return repo, git.run(repo, "rev-parse", "HEAD")
 
 
 def _commit(repo: Path, files: dict[str, str], message: str) -> None:
     for name, text in files.items():
         (repo / name).write_text(text)
-    gitutil.run(repo, "commit", "-q", "-am", message, env=IDENT)
+    git.run(repo, "commit", "-q", "-am", message, env=IDENT)
 
 
 def _folder(tmp_path: Path) -> tuple[Path, Path, str]:
@@ -44,7 +42,7 @@ def _folder(tmp_path: Path) -> tuple[Path, Path, str]:
                                        "    return known_helper(0);\n}\n"},
             "tests : refuse an odd rope width\n\nThe case.")
     folder = tmp_path / "pr"
-    gitutil.run(repo, "format-patch", "-q", "--zero-commit", "-o", str(folder / "patches"), f"{base}..HEAD")
+    git.run(repo, "format-patch", "-q", "--zero-commit", "-o", str(folder / "patches"), f"{base}..HEAD")
     return folder, repo, base
 
 
@@ -99,7 +97,7 @@ def test_the_real_stacks_render_one_section_per_hunk():
 def test_a_commit_without_a_body_is_a_question_not_its_diffstat(tmp_path):
     repo, base = _repo(tmp_path)
     _commit(repo, {"src/a.cpp": "int only_subject_here;\n"}, "model : a subject alone")
-    gitutil.run(repo, "format-patch", "-q", "--zero-commit", "-o", str(tmp_path / "p"), f"{base}..HEAD")
+    git.run(repo, "format-patch", "-q", "--zero-commit", "-o", str(tmp_path / "p"), f"{base}..HEAD")
     commit = walkthrough.parse_patch(next((tmp_path / "p").glob("*.patch")).read_text())
     assert commit.subject == "model : a subject alone" and commit.body == ""
     assert "TODO(owner): the commit has no body." in walkthrough.render(STACK, sorted((tmp_path / "p").glob("*.patch")))

@@ -32,7 +32,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.errors import ProcessError, ProofError
 from llamacpp_mla_port.gguf import contract
 
 #: per-layer draft tensors the block reads whole (GGUF names after blk.N.)
@@ -225,7 +225,7 @@ def measure_default_bufts(tree: Path, build: Path, out: Path, specs: list[str], 
     with extra buffer types off. (Measured, extra buffer types on?, the note saying why not)."""
     try:
         return measure(tree, build, out, specs, threads, **kw), True, None
-    except ProofError as err:
+    except (ProofError, ProcessError) as err:
         note = (f"default buffer types failed ({str(err).splitlines()[0][:200]}); "
                 "measured with extra buffer types off")
         return measure(tree, build, out, specs, threads, extra_bufts=False, **kw), False, note
@@ -233,13 +233,13 @@ def measure_default_bufts(tree: Path, build: Path, out: Path, specs: list[str], 
 
 def measure(tree: Path, build: Path, out: Path, specs: list[str], threads: int, bw_mib: int = BW_MIB,
             repeats: int = 1, extra_bufts: bool = True, timeout: float = 1800) -> Measured:
-    from llamacpp_mla_port.proof.run.processes import run_bounded
+    from llamacpp_mla_port import process
     from llamacpp_mla_port.proof.run.programs import compile_program
 
     exe = compile_program("ggml-floor", tree, build)
     cmd = [exe, "--threads", threads, "--out", out, "--bw-mib", bw_mib, "--gemm", ",".join(specs),
            "--repeats", repeats] + ([] if extra_bufts else ["--no-extra-bufts"])
-    proc = run_bounded(cmd, timeout)
+    proc = process.run(cmd, timeout=timeout)
     if proc.returncode != 0:
         raise ProofError(f"ggml-floor failed (exit {proc.returncode}): {proc.stderr[-2000:]}",
                          hint=" ".join(str(c) for c in cmd))

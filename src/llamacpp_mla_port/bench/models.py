@@ -22,7 +22,7 @@ from llamacpp_mla_port.fixtures.realsize import real_draft_config
 from llamacpp_mla_port.proof.realsize import write_real_draft, write_real_target
 from llamacpp_mla_port.proof.reference.model import nmse
 from llamacpp_mla_port.proof.run.draft_logits import run_draft_logits
-from llamacpp_mla_port.proof.run.processes import run_bounded
+from llamacpp_mla_port import process
 
 INJECT_SIZES = (1, 64, 512)
 #: the kv stage's context: far past YaRN's original context, where the rotation is stretched
@@ -50,7 +50,7 @@ def models(run: BenchRun) -> None:
         if not dst.is_file():
             argv = [quantize, src, dst, "q8_0", str(run.threads)]
             t1 = time.monotonic()
-            proc = run_bounded(argv, 1800)
+            proc = process.run(argv, timeout=1800)
             if proc.returncode != 0:
                 raise ProofError(f"llama-quantize failed: {proc.stderr[-2000:]}", hint=" ".join(map(str, argv)))
             times[f"quantize_{key}_s"] = round(time.monotonic() - t1, 1)

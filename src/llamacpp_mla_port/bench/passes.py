@@ -26,9 +26,9 @@ from llamacpp_mla_port.bench import floors as fl
 from llamacpp_mla_port.bench import sweep as sw
 from llamacpp_mla_port.bench.context import BLOCK, BLOCK_CTX, BenchRun
 from llamacpp_mla_port.bench.models import INJECT_SIZES, KV_POS0
-from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.errors import ProcessError, ProofError
 from llamacpp_mla_port.proof.reference.model import nmse
-from llamacpp_mla_port.proof.run.processes import run_bounded
+from llamacpp_mla_port import process
 
 PASS_MIN_SECONDS = 5     # each pass repeats until its timed runs add up to this (inject 1: ~200, block: ~6)
 
@@ -39,7 +39,7 @@ def run_draft_bench(exe: Path, draft: Path, target: Path, out: Path, args: list,
     argv = [exe, "--draft", draft, "--target", target, "--out", out, *args]
     if not extra_bufts:
         argv.append("--no-extra-bufts")
-    proc = run_bounded(argv, timeout)
+    proc = process.run(argv, timeout=timeout)
     if proc.returncode != 0:
         raise ProofError(f"draft-bench failed (exit {proc.returncode}): {proc.stderr[-1500:]}",
                          hint=" ".join(map(str, argv)))
@@ -73,7 +73,7 @@ def passes(run: BenchRun) -> None:
         extra, note = True, None
         try:
             res = _draft_bench(run, wt, "timed", timed, extra)
-        except ProofError as err:
+        except (ProofError, ProcessError) as err:
             # upstream: on this machine an extra buffer type (AMX) takes Q8_0 weights no kernel of the
             # MLA graph can then run (scheduler assert), or its kernel faults: the user's -nr / --no-repack
             extra = False

@@ -27,7 +27,8 @@ from llamacpp_mla_port.build import DEFAULT_TARGETS, ensure_build
 from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
 from llamacpp_mla_port.proof import lossless
 from llamacpp_mla_port.proof.rpc import draft_args, target_split_args
-from llamacpp_mla_port.proof.run.processes import RpcServer, run_bounded
+from llamacpp_mla_port import process
+from llamacpp_mla_port.proof.run.processes import RpcServer
 
 DRAFT_MAX = 7
 
@@ -38,7 +39,7 @@ def spec_run(build: Path, pair, prompt: str, n_predict: int, extra: list[str]) -
            "--spec-type", "draft-dspark", "--spec-draft-n-max", DRAFT_MAX, "-p", prompt, "-n", n_predict,
            "--temp", 0, "--top-k", 1, "-s", 1, "-c", 512, "-t", 1, "-td", 1, *extra]
     t0 = time.perf_counter()
-    proc = run_bounded(cmd, 600)
+    proc = process.run(cmd, timeout=600)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {proc.stderr[-2000:]}")

@@ -26,7 +26,7 @@ from llamacpp_mla_port.fixtures.target_variants import write_deep_kimi_k3_target
 from llamacpp_mla_port.project import program
 from llamacpp_mla_port.proof.lossless import PROMPTS, bigram_table, greedy_continuations, write_lossless_draft
 from llamacpp_mla_port.proof.reference.model import read_target_head
-from llamacpp_mla_port.proof.run.processes import run_bounded
+from llamacpp_mla_port import process
 from llamacpp_mla_port.proof.run.programs import compile_program
 
 _STATS = re.compile(r"statistics\s+draft-dspark: #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+).*?#gen tokens =\s*(\d+), "
@@ -93,7 +93,7 @@ def run_speculative(build: Path, target: Path, draft: Path, prompts: list[str], 
         # the statistics come through common's asynchronous logger: a loaded machine has seen a
         # run exit 0 without them, so such a run is repeated once
         for _ in range(2):
-            proc = run_bounded(argv, timeout)
+            proc = process.run(argv, timeout=timeout)
             if proc.returncode != 0:
                 raise ProofError(f"llama-speculative-simple failed on prompt {p[:60]!r} (exit {proc.returncode}):\n"
                                  f"{(proc.stderr + proc.stdout)[-1500:]}", hint=" ".join(map(str, argv)))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.run.processes import run_bounded
+from llamacpp_mla_port import process
 
 VERIFY_N = tuple(range(1, 9))
 
@@ -37,7 +37,7 @@ def run_verify_bench(exe: Path, target: Path, out: Path, threads: int, depth: in
     if state_dir is not None:
         Path(state_dir).mkdir(parents=True, exist_ok=True)
         argv += ["--state-dir", state_dir]
-    proc = run_bounded(argv, timeout)
+    proc = process.run(argv, timeout=timeout)
     if proc.returncode != 0:
         raise ProofError(f"verify-bench failed on {Path(target).name} (exit {proc.returncode}):\n"
                          f"{(proc.stderr or proc.stdout)[-1500:]}", hint=" ".join(map(str, argv)))

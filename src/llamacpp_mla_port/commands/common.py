@@ -10,8 +10,8 @@ if TYPE_CHECKING:
     from llamacpp_mla_port.project import Places
     from llamacpp_mla_port.series.pipeline import Options
 
-# the engine (GitPython) is imported only by the verbs that use it: the device driver, which
-# takes the place flags, runs where GitPython is not installed (tests/device/test_check.py)
+# the engine is imported only by the verbs that use it: the device driver, which takes the place
+# flags, runs where the engine's packages are not installed (tests/device/test_check.py)
 
 #: canonical flag -> the older spellings still accepted (argparse aliases of the same dest).
 #: `--work` was never the work dir: it is the old spelling of a run's --scratch-dir (smoke,

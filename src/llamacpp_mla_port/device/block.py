@@ -26,7 +26,7 @@ from llamacpp_mla_port.errors import DeviceCheckError
 from llamacpp_mla_port.fixtures.target_variants import target_with_layers
 from llamacpp_mla_port.proof.parity import MODES, PARITY_CONFIGS, run_parity
 from llamacpp_mla_port.proof.reference.model import read_target_head
-from llamacpp_mla_port.proof.run.processes import run_bounded
+from llamacpp_mla_port import process
 from llamacpp_mla_port.proof.splits import draft_graphs, fallback_report, node_ops, parse_sched_log
 
 #: the callback name of v_b's product in each form: build_attn's fattn_mla-IL with flash
@@ -90,7 +90,8 @@ def draft_bench(run: CheckRun, models: dict, tag: str, repeats: int, env: dict |
            "--threads", run.threads, "--flash-attn", "on", "--cache-type", "f16"] + (["--profile"] if profile else [])
     if run.devices:
         cmd += ["--draft-devices", run.devices, "--target-devices", run.devices]
-    proc = run_bounded([str(c) for c in cmd], max(60.0, min(run.remaining(), 900)), env={**os.environ, **(env or {})})
+    proc = process.run([str(c) for c in cmd], timeout=max(60.0, min(run.remaining(), 900)),
+                       env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise DeviceCheckError(f"draft-bench {tag} failed (exit {proc.returncode}): {proc.stderr[-2000:]}",
                                hint=" ".join(str(c) for c in cmd))

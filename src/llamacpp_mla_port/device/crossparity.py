@@ -34,7 +34,7 @@ from llamacpp_mla_port.proof.differential import Draft
 from llamacpp_mla_port.proof.parity import MODES, PARITY_CONFIGS, Mode, ParityConfig, hf_config, run_parity
 from llamacpp_mla_port.proof.reference.model import nmse, read_target_head
 from llamacpp_mla_port.proof.run.draft_logits import DraftLogits, run_draft_logits
-from llamacpp_mla_port.proof.run.processes import run_bounded
+from llamacpp_mla_port import process
 from llamacpp_mla_port.proof.splits import cpu_fallbacks, draft_graphs, parse_sched_log
 from llamacpp_mla_port.errors import DeviceCheckError
 
@@ -120,7 +120,7 @@ def twin_logits(binary: Path, model: Path, tokens: list[int], pos0: int, n_out: 
     cmd = [str(binary), "--model", str(model), "--tokens", ",".join(map(str, tokens)), "--out", str(out),
            "--pos0", str(pos0), "--n-out", str(n_out), "--flash-attn", "on" if mode.flash_attn else "off",
            "--cache-type", mode.cache_type, "--threads", str(threads)] + (["--devices", devices] if devices else [])
-    proc = run_bounded(cmd, 600, env=env)
+    proc = process.run(cmd, timeout=600, env=env)
     if proc.returncode != 0:
         raise DeviceCheckError(f"model-logits failed (exit {proc.returncode}): {proc.stderr[-1500:]}",
                                hint=" ".join(cmd) + " --verbose")

@@ -22,8 +22,9 @@
   one an upper bound, this process's peak resident size.
 
 `spawn` starts a long-lived process in its own session for an owner that waits on it and stops
-it (proof/run/processes.Owned: servers, rpc-servers). Outside this module only the streaming
-build (build.py, which shows the build's output line by line as it comes) starts a process.
+it (proof/run/processes.Owned: servers, rpc-servers). `process.git` runs git through `run`, with
+the pinned configuration. Outside this folder only the streaming build (build.py, which shows the
+build's output line by line as it comes) starts a process.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.run.processes import run_bounded
+from llamacpp_mla_port import process
 
 #: What the doctor may refuse although llama.cpp loads and drafts: mutant id (base:what:op)
 #: -> (doctor check that must say so, the semantic reason). Anything else the doctor fails
@@ -217,8 +217,9 @@ def run_loader(binary: Path, target: Path, paths: list[Path], threads: int = 1,
         while start < len(paths):
             lst = Path(tmp) / "list.txt"
             lst.write_text("".join(f"{p}\n" for p in paths[start:]))
-            proc = run_bounded([binary, "--target", target, "--list", lst, "--threads", threads,
-                                "--seconds", seconds_per_file], 120 + len(paths) * seconds_per_file, env=env)
+            proc = process.run([binary, "--target", target, "--list", lst, "--threads", threads,
+                                "--seconds", seconds_per_file],
+                               timeout=120 + len(paths) * seconds_per_file, env=env)
             last_begin = None
             for line in proc.stdout.splitlines():
                 parts = line.split("\t")

@@ -17,7 +17,8 @@ import numpy as np
 
 from llamacpp_mla_port.project import program
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.run.processes import LOCALHOST, Measured, Owned, free_port, run_bounded
+from llamacpp_mla_port import process
+from llamacpp_mla_port.proof.run.processes import LOCALHOST, Owned, free_port
 
 N_PREDICT = 24
 PROMPTS: tuple[str, ...] = tuple(
@@ -43,8 +44,8 @@ class SpecRun:
     log: str = ""
 
 
-def _run(cmd: list[str], timeout: float = 300) -> Measured:
-    proc = run_bounded(cmd, timeout)
+def _run(cmd: list[str], timeout: float = 300) -> process.Completed:
+    proc = process.run(cmd, timeout=timeout)
     if proc.returncode != 0:
         raise ProofError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}):\n{proc.stderr[-2500:]}",
                          hint=" ".join(cmd))

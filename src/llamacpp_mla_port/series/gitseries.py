@@ -19,11 +19,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import git
 import unidiff
 
-from llamacpp_mla_port import gitutil
-from llamacpp_mla_port.errors import PatchApplyError, SeriesError
+from llamacpp_mla_port.process import git
+from llamacpp_mla_port.errors import PatchApplyError, ProcessError, SeriesError
 from llamacpp_mla_port.series.render import RenderedCommit
 from llamacpp_mla_port.series.spec import Series
 from llamacpp_mla_port.source.pin import Pin
@@ -34,7 +33,7 @@ SERIES = "series"
 
 
 def series_env(series: Series) -> dict[str, str]:
-    return gitutil.identity_env(series.author_name, series.author_email, series.date)
+    return git.identity_env(series.author_name, series.author_email, series.date)
 
 
 def commit_rendered(repo: git.Repo, base_sha: str, rendered: list[RenderedCommit],
@@ -44,21 +43,18 @@ def commit_rendered(repo: git.Repo, base_sha: str, rendered: list[RenderedCommit
     shas = []
     with tempfile.TemporaryDirectory(prefix="mla-port-index-") as tmp:
         index_env = {**env, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        gitutil.run(repo, "read-tree", base_sha, env=index_env)
+        git.run(repo, "read-tree", base_sha, env=index_env)
         parent = base_sha
         for commit in rendered:
-            entries = []
-            for path, data in sorted(commit.files.items()):
-                mode = gitutil.file_mode(repo, parent, path) or "100644"
-                entries.append(f"{mode} {gitutil.store_blob(repo, data)}\t{path}")
-            index_info = os.path.join(tmp, "index-info")
-            Path(index_info).write_text("\n".join(entries) + "\n")
-            with open(index_info, "rb") as f:
-                gitutil.run(repo, "update-index", "--index-info", env=index_env, istream=f)
-            tree = gitutil.run(repo, "write-tree", env=index_env)
+            files = sorted(commit.files.items())
+            modes = git.file_modes(repo, parent, [path for path, _ in files])
+            blobs = git.store_blobs(repo, [data for _, data in files])
+            entries = [f"{modes.get(path, '100644')} {blob}\t{path}" for (path, _), blob in zip(files, blobs)]
+            git.run(repo, "update-index", "--index-info", env=index_env, input="\n".join(entries) + "\n")
+            tree = git.run(repo, "write-tree", env=index_env)
             msg = os.path.join(tmp, "msg")
             Path(msg).write_text(commit.message)
-            parent = gitutil.run(repo, "commit-tree", tree, "-p", parent, "-F", msg, env=env)
+            parent = git.run(repo, "commit-tree", tree, "-p", parent, "-F", msg, env=env)
             shas.append(parent)
     return shas
 
@@ -67,10 +63,10 @@ def export(repo: git.Repo, base_sha: str, head_sha: str, out_dir: Path, pin: Pin
            series: Series) -> list[str]:
     """Write the series as patches into `out_dir` (created empty); return patch names."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    gitutil.run(repo, "format-patch", "--zero-commit", "--no-signature", "--full-index",
-                "--numbered", "--subject-prefix=PATCH", "--stat=80", "--no-color",
-                "--no-binary", "-o", str(out_dir), f"{base_sha}..{head_sha}",
-                env=series_env(series))
+    git.run(repo, "format-patch", "--zero-commit", "--no-signature", "--full-index",
+            "--numbered", "--subject-prefix=PATCH", "--stat=80", "--no-color",
+            "--no-binary", "-o", str(out_dir), f"{base_sha}..{head_sha}",
+            env=series_env(series))
     names = sorted(p.name for p in out_dir.glob("*.patch"))
     (out_dir / SERIES).write_text("".join(f"{n}\n" for n in names))
     manifest = {
@@ -169,26 +165,26 @@ def apply(repo: git.Repo, base_sha: str, branch: str, patches: list[Path],
     `git am` applies exactly or falls back to a 3-way merge by blob id; it never applies
     with fuzz. On failure the am is aborted and the branch is reset to the base.
     """
-    gitutil.run(repo, "checkout", "-q", "-B", branch, base_sha)
+    git.run(repo, "checkout", "-q", "-B", branch, base_sha)
     env = series_env(series)
     try:
-        gitutil.run(repo, "am", "-3", "--quiet", "--committer-date-is-author-date",
-                    *[str(p) for p in patches], env=env)
-    except git.GitCommandError as err:
-        text = gitutil.error_text(err)
-        details = _am_failure(repo, f"{err.stderr or ''}\n{err.stdout or ''}", patches)
+        git.run(repo, "am", "-3", "--quiet", "--committer-date-is-author-date",
+                *[str(p) for p in patches], env=env)
+    except ProcessError as err:
+        text = git.error_text(err)
+        details = _am_failure(repo, f"{err.stderr_tail}\n{err.stdout_tail}", patches)
         failing = details.get("subject", "")
         try:
-            gitutil.run(repo, "am", "--abort")
-        except git.GitCommandError:
+            git.run(repo, "am", "--abort")
+        except ProcessError:
             pass
-        gitutil.run(repo, "checkout", "-q", "-f", "-B", branch, base_sha)
+        git.run(repo, "checkout", "-q", "-f", "-B", branch, base_sha)
         raise PatchApplyError(f"`git am -3` failed{' at ' + failing if failing else ''}: "
                               f"{text}",
                               "the patches do not apply to this base: run `make patch` to "
                               "re-render them; the work tree was reset to the base",
                               details) from None
-    return gitutil.run(repo, "rev-parse", "HEAD")
+    return git.run(repo, "rev-parse", "HEAD")
 
 
 _PATCH_FAILED = re.compile(r"error: patch failed: (?P<file>[^\s:]+):(?P<line>\d+)")

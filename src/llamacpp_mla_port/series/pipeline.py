@@ -11,9 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.render import RenderedCommit, render_series
@@ -70,7 +68,7 @@ def prepare(opts: Options, log=print) -> tuple[Workspace, git.Repo, Pin, Base]:
 def render(opts: Options, repo: git.Repo, pin: Pin, base: Base) -> Rendered:
     """Render every commit in memory and as commit objects; writes no files."""
     series = load_series(opts.places.templates_dir)
-    commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p),
+    commits = render_series(series, lambda p: git.read_blob(repo, base.sha, p),
                             base_label=pin.short,
                             extra_vars={"pin": pin})
     shas = series_mod.commit_rendered(repo, base.sha, commits, series)
@@ -93,8 +91,8 @@ def patch(opts: Options, log=print) -> dict:
         f"{'updated' if changed else 'unchanged'}")
     series_mod.verify_manifest(opts.places.patches_dir)
     state = ws.state()
-    head_tree = gitutil.run(repo, "rev-parse", f"{r.head}^{{tree}}")
-    current = gitutil.run(repo, "rev-parse", "HEAD")
+    head_tree = git.run(repo, "rev-parse", f"{r.head}^{{tree}}")
+    current = git.run(repo, "rev-parse", "HEAD")
     if state.get("status") == "applied" and state.get("head") == current and \
             _commits(repo, base.sha, "HEAD") == _commits(repo, base.sha, r.head):
         log(f"{ws.tree}: series already applied on branch {r.series.branch}")
@@ -109,7 +107,7 @@ def patch(opts: Options, log=print) -> dict:
 
 def _commits(repo: git.Repo, base: str, head: str) -> str:
     """Each commit's tree and message, base..head: a series that only reworded a commit differs."""
-    return gitutil.run(repo, "log", "--format=%T%n%B%x00", f"{base}..{head}")
+    return git.run(repo, "log", "--format=%T%n%B%x00", f"{base}..{head}")
 
 
 def check(opts: Options, log=print) -> str:

@@ -17,10 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
-from llamacpp_mla_port import gitutil
-from llamacpp_mla_port.errors import PatchApplyError, PortError, SeriesError
+from llamacpp_mla_port.process import git
+from llamacpp_mla_port.errors import PatchApplyError, PortError, ProcessError, SeriesError
 from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.render import RenderedCommit, render_series
 from llamacpp_mla_port.series.spec import Series, Stack
@@ -63,7 +61,7 @@ def render_stack(repo: git.Repo, series: Series, stack: Stack, base_sha: str, ba
         base_label = f"{base_label} + {under.name}"
     alone = series.only(stack)
     try:
-        commits = render_series(alone, lambda p: gitutil.read_blob(repo, base_sha, p),
+        commits = render_series(alone, lambda p: git.read_blob(repo, base_sha, p),
                                 base_label=base_label, extra_vars=extra_vars)
     except PortError as err:
         raise type(err)(f"PR stack {stack.name!r} does not render alone on {base_label}: "
@@ -73,14 +71,14 @@ def render_stack(repo: git.Repo, series: Series, stack: Stack, base_sha: str, ba
                         "stack, add that stack to `depends`, or re-anchor the change "
                         "(templates/port.toml [stacks], commit.toml `stack`)") from None
     shas = series_mod.commit_rendered(repo, base_sha, commits, series)
-    tree = gitutil.run(repo, "rev-parse", f"{shas[-1]}^{{tree}}")
+    tree = git.run(repo, "rev-parse", f"{shas[-1]}^{{tree}}")
     tmp_msg = None
     try:
         with tempfile.NamedTemporaryFile("w", delete=False, suffix=".msg") as f:
             f.write(squash_message(stack, commits))
             tmp_msg = f.name
-        squashed = gitutil.run(repo, "commit-tree", tree, "-p", base_sha, "-F", tmp_msg,
-                               env=series_mod.series_env(series))
+        squashed = git.run(repo, "commit-tree", tree, "-p", base_sha, "-F", tmp_msg,
+                           env=series_mod.series_env(series))
     finally:
         if tmp_msg:
             os.unlink(tmp_msg)
@@ -102,11 +100,11 @@ def export_stack(repo: git.Repo, rs: RenderedStack, out_dir: Path, pin: Pin,
         for p in patches.iterdir():
             p.unlink()
     names = series_mod.export(repo, rs.base, rs.head, patches, pin, series)
-    squashed = gitutil.run(repo, "format-patch", "--zero-commit", "--no-signature",
-                           "--full-index", "--subject-prefix=PATCH", "--stat=80",
-                           "--no-color", "--no-binary", "--stdout", "-1", rs.squashed,
-                           env=series_mod.series_env(series), strip_newline_in_stdout=False)
-    (out_dir / SQUASHED).write_text(squashed)
+    squashed = git.run(repo, "format-patch", "--zero-commit", "--no-signature",
+                       "--full-index", "--subject-prefix=PATCH", "--stat=80",
+                       "--no-color", "--no-binary", "--stdout", "-1", rs.squashed,
+                       env=series_mod.series_env(series), text=False)
+    (out_dir / SQUASHED).write_bytes(squashed)
     return {"patches": names, "squashed": SQUASHED}
 
 
@@ -115,17 +113,17 @@ def check_applies(repo: git.Repo, base_sha: str, patches: list[Path], expected_t
     context, no fuzz); the resulting tree must be `expected_tree`."""
     with tempfile.TemporaryDirectory(prefix="mla-port-stack-") as tmp:
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        gitutil.run(repo, "read-tree", base_sha, env=env)
+        git.run(repo, "read-tree", base_sha, env=env)
         for p in patches:
             try:
-                gitutil.run(repo, "apply", "--cached", "--whitespace=nowarn", str(p), env=env)
-            except git.GitCommandError as err:
+                git.run(repo, "apply", "--cached", "--whitespace=nowarn", str(p), env=env)
+            except ProcessError as err:
                 raise PatchApplyError(f"{p.name} does not apply alone on {base_sha[:12]}: "
-                                      f"{gitutil.error_text(err)}",
+                                      f"{git.error_text(err)}",
                                       "the stack leans on a commit of another stack: move that "
                                       "commit into it, or re-anchor the change",
                                       {"patch": p.name}) from None
-        got = gitutil.run(repo, "write-tree", env=env)
+        got = git.run(repo, "write-tree", env=env)
     if got != expected_tree:
         raise SeriesError(f"the stack's patches applied on {base_sha[:12]} give tree {got[:12]}, "
                           f"not the rendered {expected_tree[:12]}",
@@ -134,7 +132,7 @@ def check_applies(repo: git.Repo, base_sha: str, patches: list[Path], expected_t
 
 def verify(repo: git.Repo, rs: RenderedStack, out_dir: Path) -> dict:
     """Both forms of an exported stack apply alone on its base and give the rendered tree."""
-    tree = gitutil.run(repo, "rev-parse", f"{rs.head}^{{tree}}")
+    tree = git.run(repo, "rev-parse", f"{rs.head}^{{tree}}")
     check_applies(repo, rs.base, series_mod.read_series(out_dir / "patches"), tree)
     check_applies(repo, rs.base, [out_dir / SQUASHED], tree)
     return {"applies_alone": True, "tree": tree}
@@ -144,7 +142,7 @@ def diffstat(repo: git.Repo, base: str, head: str) -> dict:
     """Lines added and removed, and files, of base..head."""
     added = removed = 0
     files = []
-    for line in gitutil.run(repo, "diff", "--numstat", f"{base}..{head}").splitlines():
+    for line in git.run(repo, "diff", "--numstat", f"{base}..{head}").splitlines():
         a, r, path = line.split("\t", 2)
         added += int(a) if a != "-" else 0
         removed += int(r) if r != "-" else 0

@@ -15,9 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
-from llamacpp_mla_port import gitutil, project
+from llamacpp_mla_port import project
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.errors import PatchApplyError, SeriesError, WorkTreeError
 from llamacpp_mla_port.series import gitseries
 from llamacpp_mla_port.series.spec import Series
@@ -82,7 +81,7 @@ class Workspace:
             self.require_clean(repo)
             self._fetch_base(repo, base)
             # clean and tool-made: leave the old series branch, stand on the new base
-            gitutil.run(repo, "checkout", "-q", "-f", "-B", BASE_BRANCH, base.sha)
+            git.run(repo, "checkout", "-q", "-f", "-B", BASE_BRANCH, base.sha)
             self.save_state(base=base.sha, upstream_commit=upstream_commit,
                             source=base.source, tree=base.tree, head=None, status="base")
             log(f"work tree {self.tree}: base moved to {upstream_commit[:12]} ({base.source})")
@@ -97,16 +96,16 @@ class Workspace:
             # a git-source cache is shallow (depth-1 fetches): `clone --local` cannot copy a
             # shallow repository, a fetch of the one commit can
             partial.mkdir()
-            gitutil.run(partial, "init", "-q", ".")
+            git.run(partial, "init", "-q", ".")
             self._fetch_base(git.Repo(str(partial)), base)
         else:
             # --local hard-links the cache's objects (a copy across filesystems): fast, and
             # the work tree stays valid if the cache is deleted later
-            gitutil.run(partial.parent, "clone", "-q", "--local", "--no-checkout",
-                        cache.git_dir, str(partial))
-            gitutil.run(partial, "remote", "remove", "origin")
-            gitutil.run(partial, "update-ref", "refs/mla-port/base", base.sha)
-        gitutil.run(partial, "checkout", "-q", "-b", BASE_BRANCH, base.sha)
+            git.run(partial.parent, "clone", "-q", "--local", "--no-checkout",
+                    cache.git_dir, str(partial))
+            git.run(partial, "remote", "remove", "origin")
+            git.run(partial, "update-ref", "refs/mla-port/base", base.sha)
+        git.run(partial, "checkout", "-q", "-b", BASE_BRANCH, base.sha)
         write_json(partial / ".git" / STATE_FILE, {
             "base": base.sha, "upstream_commit": upstream_commit, "source": base.source,
             "tree": base.tree, "head": None, "status": "base"}, sort_keys=True)
@@ -117,8 +116,8 @@ class Workspace:
     def _fetch_base(repo: git.Repo, base: Base) -> None:
         cache = cache_repo()
         depth = ["--depth", "1"] if (Path(cache.git_dir) / "shallow").exists() else []
-        gitutil.run(repo, "fetch", "-q", "--no-tags", *depth, cache.git_dir,
-                    f"+{base.ref}:refs/mla-port/base")
+        git.run(repo, "fetch", "-q", "--no-tags", *depth, cache.git_dir,
+                f"+{base.ref}:refs/mla-port/base")
 
     # ------------------------------------------------------------------ checks
     def _drop_stale_index_lock(self, repo: git.Repo) -> None:
@@ -139,18 +138,18 @@ class Workspace:
         self._drop_stale_index_lock(repo)
         if (Path(repo.git_dir) / "rebase-apply").exists():
             if state.get("status") == "applying":
-                gitutil.run(repo, "am", "--abort")       # our own interrupted `git am`
+                git.run(repo, "am", "--abort")       # our own interrupted `git am`
             else:
                 raise WorkTreeError(f"{self.tree} has a `git am` in progress that the tool did "
                                     "not start", f"finish or abort it (`git -C {self.tree} am "
                                     "--abort`), then rerun")
         if state.get("status") == "applying":
             # interrupted mid-apply: whatever is there was written by the tool
-            gitutil.run(repo, "reset", "-q", "--hard")
-            gitutil.run(repo, "checkout", "-q", "-f", BASE_BRANCH)
+            git.run(repo, "reset", "-q", "--hard")
+            git.run(repo, "checkout", "-q", "-f", BASE_BRANCH)
             self.save_state(status="base", head=None)
             return
-        dirty = gitutil.run(repo, "status", "--porcelain", "--untracked-files=normal")
+        dirty = git.run(repo, "status", "--porcelain", "--untracked-files=normal")
         if dirty:
             lines = dirty.splitlines()
             shown = "; ".join(l.strip() for l in lines[:8]) + (" ..." if len(lines) > 8 else "")
@@ -158,7 +157,7 @@ class Workspace:
                 f"{self.tree} has changes the tool did not make: {shown}",
                 f"keep them with `git -C {self.tree} stash -u` (or commit them on a branch of "
                 "your own), or discard the whole work tree with `make clean-work`; then rerun")
-        head = gitutil.run(repo, "rev-parse", "HEAD")
+        head = git.run(repo, "rev-parse", "HEAD")
         known = {state.get("base"), state.get("head")}
         if head not in known:
             raise WorkTreeError(
@@ -191,8 +190,8 @@ def apply_series(ws: Workspace, repo: git.Repo, base_sha: str, series: Series,
     mtimes -> compare the tree with `want_tree` (the rendered series') -> state applied.
     On a rejected patch (PatchApplyError, with the hunk) or a tree that differs
     (SeriesError) the work tree is back at the base and its state says so."""
-    touched = set(touched) | set(gitutil.run(repo, "diff", "--name-only",
-                                             f"{base_sha}..HEAD").split())
+    touched = set(touched) | set(git.run(repo, "diff", "--name-only",
+                                         f"{base_sha}..HEAD").split())
     kept = content_stamps(ws.tree, touched)
     ws.save_state(status="applying", head=None)
     try:
@@ -201,9 +200,9 @@ def apply_series(ws: Workspace, repo: git.Repo, base_sha: str, series: Series,
         ws.save_state(status="base", head=None)
         raise
     restore_unchanged_mtimes(ws.tree, kept)
-    got = gitutil.run(repo, "rev-parse", f"{head}^{{tree}}")
+    got = git.run(repo, "rev-parse", f"{head}^{{tree}}")
     if got != want_tree:
-        gitutil.run(repo, "checkout", "-q", "-f", "-B", series.branch, base_sha)
+        git.run(repo, "checkout", "-q", "-f", "-B", series.branch, base_sha)
         ws.save_state(status="base", head=None)
         raise SeriesError(f"the applied series gives tree {got}, the rendered one {want_tree}",
                           "patches/ is stale or edited: rerun `make patch`")

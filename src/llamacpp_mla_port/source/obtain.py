@@ -32,16 +32,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
-from llamacpp_mla_port import gitutil, project
-from llamacpp_mla_port.errors import NetworkError, ObtainError
+from llamacpp_mla_port import project
+from llamacpp_mla_port.process import git
+from llamacpp_mla_port.errors import NetworkError, ObtainError, ProcessError
 from llamacpp_mla_port.source.pin import Pin, Sdist
 
 SOURCES = ("auto", "git", "sdist")
 #: fixed identity of an imported sdist base commit: the same tarball gives the same commit id
-IMPORT_IDENTITY = gitutil.identity_env("llamacpp-mla-port", "llamacpp-mla-port@localhost",
-                                       "2000-01-01T00:00:00+00:00")
+IMPORT_IDENTITY = git.identity_env("llamacpp-mla-port", "llamacpp-mla-port@localhost",
+                                   "2000-01-01T00:00:00+00:00")
 _URL_TIMEOUT = 60
 _NETWORK_MARKERS = ("could not resolve host", "failed to connect", "unable to access",
                     "connection timed out", "connection refused", "network is unreachable",
@@ -62,7 +61,7 @@ def cache_repo() -> git.Repo:
     path = project.base_cache()
     if not (path / "HEAD").exists():
         path.mkdir(parents=True, exist_ok=True)
-        gitutil.run(path, "init", "--bare", "-q", ".")
+        git.run(path, "init", "--bare", "-q", ".")
     return git.Repo(str(path))
 
 
@@ -77,9 +76,9 @@ def pin_ref(source: str, pin: Pin) -> str:
 
 def _lookup(repo: git.Repo, ref: str) -> Base | None:
     try:
-        sha = gitutil.run(repo, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
-        tree = gitutil.run(repo, "rev-parse", f"{ref}^{{tree}}")
-    except git.GitCommandError:
+        sha = git.run(repo, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+        tree = git.run(repo, "rev-parse", f"{ref}^{{tree}}")
+    except ProcessError:
         return None
     return Base(sha=sha, tree=tree, source=ref.split("/")[2], ref=ref)
 
@@ -107,12 +106,12 @@ def fetch_git(pin: Pin, url: str | None = None) -> Base:
         url = str(Path(url).resolve())
     what = f"commit {pin.commit}" if pin.commit else f"tag {pin.tag}"
     try:
-        gitutil.run(repo, "fetch", "--depth", "1", "--no-tags", "-q", url,
-                    f"+{pin.upstream_ref}:{ref}",
-                    env={"GIT_HTTP_LOW_SPEED_LIMIT": "1000", "GIT_HTTP_LOW_SPEED_TIME": "30"})
-    except git.GitCommandError as err:
-        text = gitutil.error_text(err)
-        if _is_network_error(text):
+        git.run(repo, "fetch", "--depth", "1", "--no-tags", "-q", url,
+                f"+{pin.upstream_ref}:{ref}", timeout=git.NETWORK_TIMEOUT_S,
+                env={"GIT_HTTP_LOW_SPEED_LIMIT": "1000", "GIT_HTTP_LOW_SPEED_TIME": "30"})
+    except ProcessError as err:
+        text = git.error_text(err)
+        if err.timed_out or _is_network_error(text):
             raise NetworkError(f"cannot reach {url}: {text}",
                                "check the network, pass --git-url PATH of a local llama.cpp "
                                "clone, or use --source sdist") from None
@@ -123,12 +122,12 @@ def fetch_git(pin: Pin, url: str | None = None) -> Base:
     base = _lookup(repo, ref)
     if pin.commit is not None and (base is None or base.sha != pin.commit):
         got = base.sha if base else "nothing"
-        gitutil.run(repo, "update-ref", "-d", ref)
+        git.run(repo, "update-ref", "-d", ref)
         raise ObtainError(f"{url} gave commit {got}, not the pinned {pin.commit}",
                           "the source is not the pinned upstream; check --git-url")
     if pin.commit is None and (base is None or base.tree != pin.tree):
         got = base.tree if base else "nothing"
-        gitutil.run(repo, "update-ref", "-d", ref)
+        git.run(repo, "update-ref", "-d", ref)
         raise ObtainError(f"{url} gave tag {pin.tag} with tree {got}, not the pinned tree "
                           f"{pin.tree}", "the tag moved or the source is not the pinned "
                           "upstream; check --git-url, or use --source sdist")
@@ -342,15 +341,15 @@ def import_archive(archive: Path, sd: Sdist, ref: str, message) -> Imported:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(root),
                "GIT_DIR": repo.git_dir}
         # -f: the archive is the tree, whatever its .gitignore says
-        gitutil.run(repo, "add", "-A", "-f", ".", env=env)
-        tree = gitutil.run(repo, "write-tree", env=env)
+        git.run(repo, "add", "-A", "-f", ".", env=env)
+        tree = git.run(repo, "write-tree", env=env)
         if sd.tree and tree != sd.tree:
             raise ObtainError(f"the sdist tree is {tree}, the recorded one is {sd.tree}",
                               "the archive passed its checksum but imports differently: "
                               "report a bug (git version?)")
-        sha = gitutil.run(repo, "commit-tree", tree, "-m", message(subdir, pkg_version),
-                          env=IMPORT_IDENTITY)
-        gitutil.run(repo, "update-ref", ref, sha)
+        sha = git.run(repo, "commit-tree", tree, "-m", message(subdir, pkg_version),
+                      env=IMPORT_IDENTITY)
+        git.run(repo, "update-ref", ref, sha)
     return Imported(base=_lookup(repo, ref), subdir=subdir, pkg_version=pkg_version)
 
 
@@ -388,7 +387,7 @@ def import_newer_tree(sd: Sdist, tag: str, build: int | None, sdist_file: Path |
     ref = f"refs/mla-port/pypi/{sd.package}/{sd.version}"
     hit = _lookup(repo, ref)
     if hit and (not sd.tree or hit.tree == sd.tree):
-        trailers = _trailers(gitutil.run(repo, "log", "-1", "--format=%B", hit.sha))
+        trailers = _trailers(git.run(repo, "log", "-1", "--format=%B", hit.sha))
         return Imported(base=hit, subdir=trailers.get("Sdist-Subdir", sd.subdir),
                         pkg_version=trailers.get("Sdist-Version"))
     archive = fetch_sdist(sd, sdist_file, log)

@@ -34,11 +34,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
-from llamacpp_mla_port import build as build_mod, gitutil
+from llamacpp_mla_port import build as build_mod
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.project import Build, Places, build_in, tree_in
-from llamacpp_mla_port.errors import PatchApplyError, PortError, SeriesError
+from llamacpp_mla_port.errors import PatchApplyError, PortError, ProcessError, SeriesError
 from llamacpp_mla_port.series import gitseries as series_mod
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.series.worktree import Workspace, apply_series
@@ -190,7 +189,7 @@ def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
     repo = ws.ensure(target.base, target.commit or target.tag, log)
     ws.require_clean(repo)
     touched = {f["path"] for p in _manifest(opts.places.canary_patches) for f in p["files"]}
-    want = gitutil.run(cache_repo(), "rev-parse", f"{outcome.head}^{{tree}}")
+    want = git.run(cache_repo(), "rev-parse", f"{outcome.head}^{{tree}}")
     try:
         head = apply_series(ws, repo, target.base.sha, series, patches, touched, want)
     except PatchApplyError as err:
@@ -281,8 +280,8 @@ def _manifest(patches_dir: Path) -> list[dict]:
 def _blame(ws: Workspace, file: str, line: int) -> dict | None:
     """Which commit wrote `file:line` in the canary tree: a patch of the series, or upstream."""
     try:
-        out = gitutil.run(ws.tree, "blame", "--porcelain", "-L", f"{line},{line}", "HEAD", "--", file)
-    except git.GitCommandError:
+        out = git.run(ws.tree, "blame", "--porcelain", "-L", f"{line},{line}", "HEAD", "--", file)
+    except ProcessError:
         return None
     sha = out.split(" ", 1)[0]
     summary = next((ln[len("summary "):] for ln in out.splitlines() if ln.startswith("summary ")), "")

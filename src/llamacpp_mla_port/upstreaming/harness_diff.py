@@ -32,6 +32,8 @@ from typing import Callable, Iterable
 from llamacpp_mla_port.build import ensure_build
 from llamacpp_mla_port.project import bin_dir
 from llamacpp_mla_port.errors import BuildError, ProofError
+from llamacpp_mla_port import process
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.project import build_in, tree_in
 from llamacpp_mla_port.stages import write_json
 
@@ -106,9 +108,7 @@ def compare(base: dict[str, str], patched: dict[str, str], what: str) -> dict:
 def run_tool(cmd: list[str], timeout: float, ok: tuple[int, ...] = (0,)) -> str:
     """The stdout of one of upstream's tools; an exit status outside `ok` is a ProofError with
     the stderr tail."""
-    from llamacpp_mla_port.proof.run.processes import run_bounded
-
-    proc = run_bounded(cmd, timeout)
+    proc = process.run(cmd, timeout=timeout)
     if proc.returncode not in ok:
         raise ProofError(f"{Path(cmd[0]).name} exited {proc.returncode}: {(proc.stderr or '')[-1500:]}",
                          hint=" ".join(map(str, cmd)))
@@ -207,7 +207,7 @@ def export_commit(repo, sha: str, dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    data = repo.git.archive(sha, stdout_as_string=False)
+    data = git.archive(repo, sha)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
     # the archive dates every file at its commit: newer than the side's last build, or make

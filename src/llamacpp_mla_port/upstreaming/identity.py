@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import unidiff
 
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 
 #: lines kept per side of a region in the report (the count says how many there were)
 MAX_REGION_LINES = 20
@@ -56,8 +56,8 @@ def _diff(repo, old: str, new: str, paths: list[str]) -> dict[str, list[_Line]]:
     """`git diff -U0 old new -- paths`: per file, its non-blank changed lines in order."""
     if old == new or not paths:
         return {}
-    text = gitutil.run(repo, "diff", "--no-color", "--no-renames", "--no-ext-diff", "-U0",
-                       old, new, "--", *paths, strip_newline_in_stdout=False)
+    text = git.run(repo, "diff", "--no-color", "--no-renames", "--no-ext-diff", "-U0",
+                   old, new, "--", *paths, strip_newline_in_stdout=False)
     out: dict[str, list[_Line]] = {}
     for pf in unidiff.PatchSet(text):
         path = pf.target_file[2:] if pf.target_file.startswith("b/") else pf.source_file[2:]

@@ -15,10 +15,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import git
 import unidiff
 
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.errors import ProcessError
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.series.spec import Series, Stack
 from llamacpp_mla_port.upstreaming.pr_docs import DESCRIPTION
 
@@ -119,11 +119,11 @@ def parse_form(text: str) -> dict:
 def feature_form(repo: git.Repo, base: str) -> tuple[str, dict] | None:
     """The base tree's feature-request issue form (labelled `enhancement`), or None."""
     try:
-        names = gitutil.run(repo, "ls-tree", "--name-only", f"{base}:{FORMS}").split()
-    except git.GitCommandError:
+        names = git.run(repo, "ls-tree", "--name-only", f"{base}:{FORMS}").split()
+    except ProcessError:
         return None
     for name in sorted(n for n in names if n.endswith((".yml", ".yaml")) and n != "config.yml"):
-        form = parse_form((gitutil.read_blob(repo, base, f"{FORMS}/{name}") or b"").decode())
+        form = parse_form((git.read_blob(repo, base, f"{FORMS}/{name}") or b"").decode())
         if "enhancement" in form["labels"] or re.search(r"feature|enhancement", name, re.I):
             return f"{FORMS}/{name}", form
     return None

@@ -31,11 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import git
-
-from llamacpp_mla_port import gitutil, process, project
+from llamacpp_mla_port import process, project
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.build import LOG_NAME as BUILD_LOG, TARGET_SETS
-from llamacpp_mla_port.errors import PortError, SeriesError, WorkTreeError
+from llamacpp_mla_port.errors import PortError, ProcessError, SeriesError, WorkTreeError
 from llamacpp_mla_port.project import Build, Places
 from llamacpp_mla_port.proof.smoke import proof_summary, prove_into
 from llamacpp_mla_port.series import pipeline, stacks as stacks_mod
@@ -94,13 +93,13 @@ def commit_build(jobs: int | None) -> BuildFn:
 
 
 def series_commits(repo: Path, base: str, head: str) -> list[tuple[str, str]]:
-    out = gitutil.run(repo, "log", "--reverse", "--format=%H %s", f"{base}..{head}")
+    out = git.run(repo, "log", "--reverse", "--format=%H %s", f"{base}..{head}")
     return [tuple(line.split(" ", 1)) for line in out.splitlines() if line.strip()]
 
 
 def touched_files(repo: Path, sha: str) -> list[str]:
-    out = gitutil.run(repo, "diff-tree", "--no-commit-id", "--name-only", "--diff-filter=d",
-                      "-r", sha)
+    out = git.run(repo, "diff-tree", "--no-commit-id", "--name-only", "--diff-filter=d",
+                  "-r", sha)
     return [f for f in out.splitlines() if f]
 
 
@@ -125,17 +124,17 @@ def check_commits(repo: Path, base: str, head: str, checkout: Path, build_dir: P
     and build + lint it there. `build=None` skips the build (lint only)."""
     if (checkout / ".git").exists():
         try:
-            gitutil.run(checkout, "rev-parse", "--git-dir")
-        except git.GitCommandError:     # its main repository was re-created: start again
+            git.run(checkout, "rev-parse", "--git-dir")
+        except ProcessError:     # its main repository was re-created: start again
             shutil.rmtree(checkout)
     if not (checkout / ".git").exists():
         checkout.parent.mkdir(parents=True, exist_ok=True)
-        gitutil.run(repo, "worktree", "prune")
-        gitutil.run(repo, "worktree", "add", "-q", "--detach", "-f", str(checkout), base)
+        git.run(repo, "worktree", "prune")
+        git.run(repo, "worktree", "add", "-q", "--detach", "-f", str(checkout), base)
     results = []
     for sha, title in series_commits(repo, base, head):
-        gitutil.run(checkout, "checkout", "-q", "-f", "--detach", sha)
-        gitutil.run(checkout, "clean", "-q", "-fdx")   # tool-owned: no leftovers between commits
+        git.run(checkout, "checkout", "-q", "-f", "--detach", sha)
+        git.run(checkout, "clean", "-q", "-fdx")   # tool-owned: no leftovers between commits
         files = touched_files(repo, sha)
         check = CommitCheck(sha=sha, title=title, files=files)
         config = EditorConfig.load(checkout)
@@ -287,7 +286,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log
     repo = ws.repo()
     state = ws.state()
     ws.require_clean(repo)
-    head = gitutil.run(repo, "rev-parse", "HEAD")
+    head = git.run(repo, "rev-parse", "HEAD")
     if state.get("status") != "applied" or state.get("head") != head:
         raise SeriesError(f"the series is not applied in {ws.tree}", "run `make patch` first")
     drift = pipeline.check(pipeline.Options(places), log=log)
@@ -317,7 +316,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log
             files = sorted({f for c in per_stack[rs.stack.name] for f in c.files})
             log(f"pr: upstream's checks on {rs.stack.name} (patched)")
             patched = tree_checks(checkout, files)
-            gitutil.run(checkout, "checkout", "-q", "-f", "--detach", rs.base)
+            git.run(checkout, "checkout", "-q", "-f", "--detach", rs.base)
             log(f"pr: upstream's checks on {rs.stack.name} (base)")
             base_checks[rs.base] = tree_checks(checkout, files, base_checks.get(rs.base))
             upstream_checks[rs.stack.name] = introduced(base_checks[rs.base], patched)
@@ -349,7 +348,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log
         "url": pin.url, "commit": pin.commit, "tag": pin.tag,
         "applies_to": f"{pin.commit or pin.tag} (exactly: rerun `llamacpp-mla-port rebase --canary "
                       f"--onto <newer>` to try a newer upstream)",
-        "base_in_work_tree": base, "base_tree": gitutil.run(repo, "rev-parse", f"{base}^{{tree}}"),
+        "base_in_work_tree": base, "base_tree": git.run(repo, "rev-parse", f"{base}^{{tree}}"),
         "series_range": f"{base}..{head}", "source": state.get("source"),
     }
     build_summary = {
@@ -373,7 +372,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log
     write_json(evidence / "proof.json", proof)
     write_json(evidence / "summary.json", {"ok": results["ok"], "checks": checks, "upstream": upstream_info,
                                            "build": build_summary, "proof": results["proof_summary"]})
-    template = gitutil.read_blob(repo, base, ".github/pull_request_template.md")
+    template = git.read_blob(repo, base, ".github/pull_request_template.md")
     (evidence / "CHECKLIST.md").write_text(
         checklist(template.decode("utf-8") if template is not None else None, checks))
     template_text = template.decode("utf-8") if template is not None else None

@@ -38,9 +38,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import git
-
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.errors import PinError, PortError, WorkTreeError
 from llamacpp_mla_port.series import pipeline, gitseries as series_mod, stacks as stacks_mod
@@ -192,7 +190,7 @@ def _old_base(pin: Pin, opts: RebaseOptions, log) -> Base | None:
 
 
 def _render_commits(repo: git.Repo, series: Series, base: Base, pin: Pin) -> list[str]:
-    commits = render_series(series, lambda p: gitutil.read_blob(repo, base.sha, p),
+    commits = render_series(series, lambda p: git.read_blob(repo, base.sha, p),
                             base_label=pin.short, extra_vars={"pin": pin})
     return series_mod.commit_rendered(repo, base.sha, commits, series)
 
@@ -246,11 +244,11 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
                      "no range-diff")
     old_reports, seen = [], {}
     if old_base is not None:
-        old_reports = analyse(series, lambda p: gitutil.read_blob(cache, old_base.sha, p),
+        old_reports = analyse(series, lambda p: git.read_blob(cache, old_base.sha, p),
                               pin.short, {"pin": pin}, names, seen=seen)
     baseline = seen if old_reports and not any(r.failed for r in old_reports) else None
     new_pin = new_pin or dataclasses.replace(pin, commit=None, tag=target.tag, sdist=None)
-    reports = analyse(series, lambda p: gitutil.read_blob(cache, target.base.sha, p),
+    reports = analyse(series, lambda p: git.read_blob(cache, target.base.sha, p),
                       target.label, {"pin": new_pin}, names, baseline)
     old_lines = {r.change: r.line for r in old_reports if r.status == "ok"}
     for r in reports:
@@ -283,13 +281,13 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     if old_base is not None:
         try:
             old_shas = _render_commits(cache, series, old_base, pin)
-            range_diff = gitutil.run(cache, "range-diff", "--no-color",
-                                     f"{old_base.sha}..{old_shas[-1]}",
-                                     f"{target.base.sha}..{new_shas[-1]}")
+            range_diff = git.run(cache, "range-diff", "--no-color",
+                                 f"{old_base.sha}..{old_shas[-1]}",
+                                 f"{target.base.sha}..{new_shas[-1]}")
             tree_identity = identity.check(cache, old_base.sha, old_shas, target.base.sha, new_shas,
                                            _commit_files(series, reports))
-        except (PortError, git.GitCommandError) as err:
-            why = getattr(err, 'message', None) or gitutil.error_text(err)
+        except PortError as err:
+            why = err.message
             notes.append(f"no range-diff: the old series does not render at {pin.short} ({why})")
             tree_identity = identity.not_run(f"the old series does not render at {pin.short}")
     review = tree_identity.regions or any(r.status == PROBABLE for r in reports)
@@ -316,10 +314,9 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
             # back to the old base first (the tree is clean and tool-owned: checked above):
             # Workspace.ensure moves the base branch but leaves HEAD on the old series,
             # which pipeline.patch would then refuse as a commit it did not make
-            gitutil.run(ws.repo(), "checkout", "-q", BASE_BRANCH)
+            git.run(ws.repo(), "checkout", "-q", BASE_BRANCH)
             if target.commit is None:   # the pin names the imported sdist tree: cache it so
-                gitutil.run(cache, "update-ref", obtain.pin_ref("sdist", new_pin),
-                            target.base.sha)
+                git.run(cache, "update-ref", obtain.pin_ref("sdist", new_pin), target.base.sha)
             pipeline.patch(pipeline.Options(opts.places, source="git" if target.commit else "sdist",
                                             git_url=target.url), log=log)
         except PortError as err:

@@ -10,10 +10,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import git
-
-from llamacpp_mla_port import gitutil
-from llamacpp_mla_port.errors import PinError
+from llamacpp_mla_port.process import git
+from llamacpp_mla_port.errors import PinError, ProcessError
 from llamacpp_mla_port.source import newer as newer_mod, obtain
 from llamacpp_mla_port.source.obtain import Base
 from llamacpp_mla_port.source.pin import Pin, Sdist
@@ -44,17 +42,17 @@ class Target:
 # ------------------------------------------------------------------------------ targets
 def _is_repo(path: Path) -> bool:
     try:
-        top = gitutil.run(path, "rev-parse", "--show-toplevel")
-    except git.GitCommandError:
+        top = git.run(path, "rev-parse", "--show-toplevel")
+    except ProcessError:
         return False
     return Path(top).resolve() == path.resolve()
 
 
 def _is_bare(path: Path) -> bool:
     try:
-        return gitutil.run(path, "rev-parse", "--is-bare-repository") == "true" and \
-            Path(gitutil.run(path, "rev-parse", "--absolute-git-dir")).resolve() == path.resolve()
-    except git.GitCommandError:
+        return git.run(path, "rev-parse", "--is-bare-repository") == "true" and \
+            Path(git.run(path, "rev-parse", "--absolute-git-dir")).resolve() == path.resolve()
+    except ProcessError:
         return False
 
 
@@ -69,8 +67,8 @@ def _local_git(url: str | None) -> Path | None:
 def _describe(repo: Path | None, commit: str) -> str:
     if repo is not None:
         try:
-            return gitutil.run(repo, "describe", "--tags", "--exact-match", commit)
-        except git.GitCommandError:
+            return git.run(repo, "describe", "--tags", "--exact-match", commit)
+        except ProcessError:
             pass
     return commit[:12]
 
@@ -93,17 +91,17 @@ def resolve_target(onto: str, git_url: str | None, pin: Pin, templates_dir: Path
     local = _local_git(url)
     if local is not None:
         try:
-            commit = gitutil.run(local, "rev-parse", "--verify", "-q", f"{onto}^{{commit}}")
-        except git.GitCommandError:
+            commit = git.run(local, "rev-parse", "--verify", "-q", f"{onto}^{{commit}}")
+        except ProcessError:
             raise PinError(f"--onto {onto!r} is not a commit in {local}",
                            "pass a commit id, tag or branch of that clone") from None
     elif _SHA1.match(onto):
         commit = onto
     else:
         try:
-            out = gitutil.run(Path.cwd(), "ls-remote", url, onto)
-        except git.GitCommandError as err:
-            raise PinError(f"cannot list {url}: {gitutil.error_text(err)}",
+            out = git.run(Path.cwd(), "ls-remote", url, onto, timeout=git.NETWORK_TIMEOUT_S)
+        except ProcessError as err:
+            raise PinError(f"cannot list {url}: {git.error_text(err)}",
                            "pass the full 40-hex commit id, or --git-url PATH of a local "
                            "clone") from None
         shas = sorted({line.split()[0] for line in out.splitlines() if line.strip()})
@@ -123,11 +121,11 @@ def _build_number(repo: Path | None, commit: str, described: str) -> int | None:
     --count`), in a clone with the full history only."""
     if re.fullmatch(r"b\d+", described):
         return int(described[1:])
-    if repo is None or gitutil.run(repo, "rev-parse", "--is-shallow-repository") == "true":
+    if repo is None or git.run(repo, "rev-parse", "--is-shallow-repository") == "true":
         return None
     try:
-        return int(gitutil.run(repo, "rev-list", "--count", commit))
-    except (git.GitCommandError, ValueError):
+        return int(git.run(repo, "rev-list", "--count", commit))
+    except (ProcessError, ValueError):
         return None
 
 
@@ -161,12 +159,12 @@ def _import_tree(path: Path, tag: str | None) -> Target:
     with tempfile.TemporaryDirectory(prefix="mla-port-tree-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(path),
                "GIT_DIR": repo.git_dir}
-        gitutil.run(path, "add", "-A", ".", env=env)
-        tree = gitutil.run(path, "write-tree", env=env)
+        git.run(path, "add", "-A", ".", env=env)
+        tree = git.run(path, "write-tree", env=env)
     ref = f"refs/mla-port/tree/{tree}"
-    sha = gitutil.run(repo, "commit-tree", tree, "-m", f"plain tree {path}\n",
-                      env=obtain.IMPORT_IDENTITY)
-    gitutil.run(repo, "update-ref", ref, sha)
+    sha = git.run(repo, "commit-tree", tree, "-m", f"plain tree {path}\n",
+                  env=obtain.IMPORT_IDENTITY)
+    git.run(repo, "update-ref", ref, sha)
     base = Base(sha=sha, tree=tree, source="tree", ref=ref)
     return Target(base=base, commit=None, tag=tag or f"tree {tree[:12]}", url=None,
                   local_repo=None, origin={"kind": "folder", "path": str(path)})
@@ -184,11 +182,11 @@ def relation(pin: Pin, target: Target) -> str:
         return _relation_in(target.local_repo, pin.commit, target.commit)
     with tempfile.TemporaryDirectory(prefix="mla-port-history-") as tmp:
         # commits only (no trees, no blobs): enough for merge-base, small even for llama.cpp
-        gitutil.run(Path(tmp), "init", "-q", "--bare", ".")
+        git.run(Path(tmp), "init", "-q", "--bare", ".")
         try:
-            gitutil.run(Path(tmp), "fetch", "-q", "--no-tags", "--filter=tree:0", target.url,
-                        target.commit)
-        except git.GitCommandError:
+            git.run(Path(tmp), "fetch", "-q", "--no-tags", "--filter=tree:0", target.url,
+                    target.commit, timeout=git.NETWORK_TIMEOUT_S)
+        except ProcessError:
             return "unknown"
         return _relation_in(Path(tmp), pin.commit, target.commit)
 
@@ -206,9 +204,9 @@ def _relation_by_build(pin: Pin, target: Target) -> str:
 def _relation_in(repo: Path, old: str, new: str) -> str:
     def ok(*args) -> bool:
         try:
-            gitutil.run(repo, *args)
+            git.run(repo, *args)
             return True
-        except git.GitCommandError:
+        except ProcessError:
             return False
     if not ok("cat-file", "-e", f"{old}^{{commit}}"):
         return "unrelated"          # the pinned commit is not in that history at all

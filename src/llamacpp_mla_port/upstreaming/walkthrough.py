@@ -16,7 +16,7 @@ from pathlib import Path
 
 import unidiff
 
-from llamacpp_mla_port import gitutil
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.series.spec import Stack
 
 FILE = "WALKTHROUGH.md"
@@ -137,7 +137,7 @@ def render(stack: Stack, patch_files: list[Path], base_text=lambda path: "") -> 
 def write(folder: Path, stack: Stack, repo, base: str) -> Path:
     """WALKTHROUGH.md of the PR folder, from its patches/ and the base they apply to."""
     def base_text(path: str) -> str:
-        return (gitutil.read_blob(repo, base, path) or b"").decode("utf-8", "replace")
+        return (git.read_blob(repo, base, path) or b"").decode("utf-8", "replace")
     path = folder / FILE
     path.write_text(render(stack, sorted((folder / "patches").glob("*.patch")), base_text),
                     encoding="utf-8")

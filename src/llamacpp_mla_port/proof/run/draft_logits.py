@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.proof.run.processes import run_bounded
+from llamacpp_mla_port import process
 
 CACHE_TYPES = ("f16", "f32", "bf16", "q8_0")
 
@@ -90,7 +90,7 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
     if not base_logits:
         cmd.append("--no-base-logits")
         (out_dir / "base_logits.npy").unlink(missing_ok=True)     # no stale file from an earlier run
-    proc = run_bounded(cmd, timeout, env=env)
+    proc = process.run(cmd, timeout=timeout, env=env)
     if proc.returncode != 0:
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("draft-logits: error:")]
         raise ProofError(f"draft-logits failed (exit {proc.returncode}): {' '.join(errors) or proc.stderr[-3000:]}",

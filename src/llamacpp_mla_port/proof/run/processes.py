@@ -1,4 +1,4 @@
-"""Processes the proof starts and owns: servers, rpc-servers, one-shot runs (the funnel's).
+"""Processes the proof starts and owns: servers and rpc-servers.
 
 Every process gets its own session (process group), so stopping it stops whatever it
 spawned too; every wait is bounded; `stop()` is idempotent and always ends with SIGKILL
@@ -13,9 +13,9 @@ of the group when SIGTERM was not enough. Use an `Owned` as a context manager (o
       .kill()                    SIGKILL the group now (a crash, in fault tests); stop() reaps
       .stop()                    SIGTERM, bounded wait, SIGKILL of the whole group
     RpcServer(build, log_path)   llama.cpp's ggml-rpc-server on a free port, listening, own -t
-    run_bounded(cmd, timeout)    the process funnel (llamacpp_mla_port.process.run), a time-out
-                                 a ProofError; the result has .peak_rss_bytes and .seconds
       Owned.peak_rss_bytes()     a live process's peak RSS so far (Linux VmHWM)
+
+A one-shot run goes through the process funnel itself: llamacpp_mla_port.process.run.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Sequence
 
 from llamacpp_mla_port.project import program
-from llamacpp_mla_port.errors import ProcessError, ProofError
-from llamacpp_mla_port.process import Completed, Popen, TimeoutExpired, kill_group, run, spawn
+from llamacpp_mla_port.errors import ProofError
+from llamacpp_mla_port.process import Popen, TimeoutExpired, kill_group, spawn
 
 LOCALHOST = "127.0.0.1"
 
@@ -200,19 +200,3 @@ class RpcServer(Owned):
     @property
     def endpoint(self) -> str:
         return f"{LOCALHOST}:{self.port}"
-
-
-#: a finished run_bounded: its .seconds and .peak_rss_bytes (the funnel's result)
-Measured = Completed
-
-
-def run_bounded(cmd: Sequence[str], timeout: float, env: dict | None = None,
-                cwd: Path | None = None) -> Measured:
-    """The process funnel (llamacpp_mla_port.process.run), its time-out the proof's ProofError:
-    the whole group killed, and the command's name, "did not finish within" and the stderr tail."""
-    try:
-        return run(cmd, timeout=timeout, env=env, cwd=cwd)
-    except ProcessError as err:
-        if not err.timed_out:
-            raise
-        raise ProofError(err.message, hint=err.hint) from None
