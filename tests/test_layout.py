@@ -101,7 +101,7 @@ def test_the_package_has_no_import_cycles():
 #: The families of the package, top to bottom. A family imports only families on a line below
 #: its own; the families sharing a line do not import each other. `project` is the place
 #: resolver (project.Places, every place: tests below), `stages` the stage runner, `process`
-#: the process funnel and git through it (`process.git`).
+#: the process funnel and git through it (`process.git`), `jsonfile` the one JSON writer.
 LAYERS: list[tuple[str, ...]] = [
     ("cli",),
     ("commands",),
@@ -111,13 +111,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("series", "doctor", "fixtures", "build"),
     ("source", "gguf"),
     ("project", "stages", "process"),
-    ("errors",),
+    ("errors", "jsonfile"),
 ]
 #: Imports of today's code that break the order: (importer, imported) -> why it is allowed for
 #: now. The extractions that follow the moves empty it; a stale entry fails like a new break.
 ALLOWED: dict[tuple[str, str], str] = {}
 #: the top level: what every family uses (and the package's entry points)
-TOP_LEVEL = {"__init__", "__main__", "cli", "errors", "build", "project", "stages"}
+TOP_LEVEL = {"__init__", "__main__", "cli", "errors", "jsonfile", "build", "project", "stages"}
 #: modules outside commands/ that parse arguments: scripts, not verbs
 SCRIPTS = {"llamacpp_mla_port.bench.rpc": "make bench-rpc's side-by-side timings (python -m), not a verb"}
 

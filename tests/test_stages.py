@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 from llamacpp_mla_port.errors import BuildError
-from llamacpp_mla_port.stages import StageFailed, Stages, write_json
+from llamacpp_mla_port.stages import StageFailed, Stages
 
 
 def _boom():
@@ -61,13 +59,3 @@ def test_the_report_is_saved_after_every_stage_run_failed_or_skipped():
     st.run("c", lambda: None, needs_s=1e9)            # does not fit the budget: skipped, still saved
     assert saved == [["a"], ["a", "b"], ["a", "b", "c"]]
     assert entries["c"]["ok"] is None and "not run" in entries["c"]["skipped"]
-
-
-def test_write_json_writes_the_indented_bytes_into_a_new_folder_and_leaves_no_temp(tmp_path):
-    data = {"b": [1, 2.5, None], "a": {"ok": True, "name": "é"}}
-    dest = tmp_path / "new" / "deeper" / "report.json"
-    assert write_json(dest, data, indent=1) == dest
-    assert dest.read_bytes() == (json.dumps(data, indent=1) + "\n").encode()
-    write_json(dest, [3], indent=2)                      # replaces an existing file
-    assert dest.read_text() == json.dumps([3], indent=2) + "\n"
-    assert [p.name for p in dest.parent.iterdir()] == ["report.json"]

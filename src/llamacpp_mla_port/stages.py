@@ -1,5 +1,5 @@
-"""The one stage runner (the proof, the bench and the canary): named, timed steps and one
-report shape, {name: {"ok", "seconds", "error"[, "traceback"], ...what the stage adds}}.
+"""The one stage runner (the proof, the bench, the canary and the device check): named, timed
+steps and one report shape, {name: {"ok", "seconds", "error"[, "traceback"], ...what the stage adds}}.
 
 A PortError is a failure the user can act on; any other exception is a bug, recorded with its
 traceback so the run still ends with one report.
@@ -7,11 +7,8 @@ traceback so the run still ends with one report.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 import traceback
-from pathlib import Path
 from typing import Callable
 
 from llamacpp_mla_port.errors import PortError
@@ -103,18 +100,3 @@ class Stages:
     @property
     def ok(self) -> bool:
         return all(e.get("ok") for e in self.entries.values())
-
-
-def write_json(path: Path, data, indent: int = 2, *, default=None, sort_keys: bool = False) -> Path:
-    """Write `data` as indented JSON plus a newline, atomically (a temp file renamed into place);
-    `default` and `sort_keys` as json.dumps takes them."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=indent, default=default, sort_keys=sort_keys) + "\n",
-                       encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path

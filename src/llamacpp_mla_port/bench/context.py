@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_mla_port.proof.run.programs import compile_program
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 BLOCK = 7
 BLOCK_CTX = 512

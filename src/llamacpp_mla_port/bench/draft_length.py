@@ -27,7 +27,7 @@ from llamacpp_mla_port.doctor.diagnose import diagnose
 from llamacpp_mla_port.doctor.findings import ERROR, OK
 from llamacpp_mla_port.errors import GGUFError, PortError
 from llamacpp_mla_port.proof.run.programs import compile_program
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 DRAFT_KS = tuple(range(1, acc.K_MAX + 1))
 INJECT_ROWS = (1, 8)

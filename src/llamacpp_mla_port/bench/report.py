@@ -335,7 +335,7 @@ def render_markdown(report: dict, plots: list[str]) -> str:
 
 
 def write_report(report: dict, out_dir: Path) -> Path:
-    from llamacpp_mla_port.stages import write_json
+    from llamacpp_mla_port.jsonfile import write_json
 
     out_dir = Path(out_dir)
     report.setdefault("machine", machine())

@@ -14,7 +14,7 @@ from llamacpp_mla_port.commands.common import add_tree_args
 from llamacpp_mla_port.errors import PortError
 from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.source.obtain import SOURCES
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 from llamacpp_mla_port.upstreaming.rebase import RebaseOptions, format_text, rebase
 
 

@@ -52,7 +52,7 @@ from llamacpp_mla_port.process import run
 from llamacpp_mla_port.proof.lossless import ALL_DRAFTS, prepare_pair
 from llamacpp_mla_port.proof.parity import MODES, PARITY_CONFIGS, make_draft
 from llamacpp_mla_port.proof.reference.model import read_target_head
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 # the bundle and the dry run's report: project.Places.device_bundle / device_dry_out
 #: what one device call carries at most: the working tree and the carried folders together

@@ -28,7 +28,8 @@ from llamacpp_mla_port.device.models import plan_jobs
 from llamacpp_mla_port.device.variants import STACK_STAGE
 from llamacpp_mla_port.errors import DeviceCheckError, PortError, ProcessError
 from llamacpp_mla_port.proof.run.processes import Owned
-from llamacpp_mla_port.stages import StageFailed, Stages, write_json
+from llamacpp_mla_port.jsonfile import write_json
+from llamacpp_mla_port.stages import StageFailed, Stages
 
 #: stage name -> its function (True: its checks passed; False: they failed, figures in the report)
 STAGE_FUNCS: dict[str, Callable] = {

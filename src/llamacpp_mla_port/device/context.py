@@ -20,7 +20,8 @@ from llamacpp_mla_port.errors import DeviceCheckError
 from llamacpp_mla_port.project import build_in, tree_in
 from llamacpp_mla_port.proof.run.processes import Owned
 from llamacpp_mla_port.proof.run.programs import compile_program
-from llamacpp_mla_port.stages import Stages, write_json
+from llamacpp_mla_port.jsonfile import write_json
+from llamacpp_mla_port.stages import Stages
 
 
 @dataclass

@@ -21,7 +21,7 @@ from llamacpp_mla_port.errors import DeviceCheckError
 from llamacpp_mla_port.fixtures.deepseek2_twin import write_deepseek2_twin
 from llamacpp_mla_port.fixtures.realsize import write_realsize_pair
 from llamacpp_mla_port.fixtures.standard_model import write_standard_model
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 
 #: the dry run's stand-in for DeepSeek-V2-Lite: its MLA (16 heads over the 512 + 64 latent,

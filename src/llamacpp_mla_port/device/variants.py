@@ -29,7 +29,7 @@ from llamacpp_mla_port.build import ensure_build
 from llamacpp_mla_port.errors import DeviceCheckError, PortError
 from llamacpp_mla_port.process import run
 from llamacpp_mla_port.series.spec import load_series
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 #: the stacks whose builds the host stages use (stack -> the stage), in the order the builder makes them
 STACK_STAGE = {"loader-probe": "host", "cpu-q0-odd-columns": "threads", "cpu-fa-kv-head-tiles": "threads"}

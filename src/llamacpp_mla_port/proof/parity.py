@@ -19,7 +19,7 @@ from llamacpp_mla_port.proof.reference.precision import (EXACT, Q8_0_BLOCK, Prec
                                                          round_to)
 from llamacpp_mla_port.proof.reference.model import (TAP_CONTEXT_ROWS, TAP_EMBEDDINGS, DraftOutputs, DraftReference,
                                                      nmse, stage_outputs, stream_taps)
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 
 @dataclass(frozen=True)

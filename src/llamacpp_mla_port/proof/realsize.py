@@ -14,7 +14,7 @@ from pathlib import Path
 from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.fixtures.realsize import real_draft_config, write_real_width_target
 from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 
 def write_real_target(build: Path, out_dir: Path, seed: int = 0) -> Path:

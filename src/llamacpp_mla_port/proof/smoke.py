@@ -25,7 +25,8 @@ from pathlib import Path
 from llamacpp_mla_port.build import TARGET_SETS
 from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.project import Build
-from llamacpp_mla_port.stages import Stages, write_json
+from llamacpp_mla_port.jsonfile import write_json
+from llamacpp_mla_port.stages import Stages
 
 SMOKE_TARGETS = TARGET_SETS["smoke"]       # build.TARGET_SETS: the one table
 

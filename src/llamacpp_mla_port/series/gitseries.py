@@ -26,7 +26,7 @@ from llamacpp_mla_port.errors import PatchApplyError, ProcessError, SeriesError
 from llamacpp_mla_port.series.render import RenderedCommit
 from llamacpp_mla_port.series.spec import Series
 from llamacpp_mla_port.source.pin import Pin
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 MANIFEST = "manifest.json"
 SERIES = "series"

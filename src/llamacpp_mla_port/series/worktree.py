@@ -21,7 +21,7 @@ from llamacpp_mla_port.errors import PatchApplyError, SeriesError, WorkTreeError
 from llamacpp_mla_port.series import gitseries
 from llamacpp_mla_port.series.spec import Series
 from llamacpp_mla_port.source.obtain import Base, cache_repo
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 STATE_FILE = "llamacpp-mla-port.json"
 BASE_BRANCH = "mla-port-base"

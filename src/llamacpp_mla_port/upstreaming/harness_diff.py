@@ -35,7 +35,7 @@ from llamacpp_mla_port.errors import BuildError, ProofError
 from llamacpp_mla_port import process
 from llamacpp_mla_port.process import git
 from llamacpp_mla_port.project import build_in, tree_in
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 #: CMake options of each ggml-cpu build; every option not named keeps its default on both sides
 ISA_BUILDS: dict[str, tuple[str, ...]] = {

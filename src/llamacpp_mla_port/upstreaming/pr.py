@@ -48,7 +48,7 @@ from llamacpp_mla_port.upstreaming.pr_docs import (DESCRIPTION, EVIDENCE, checkl
                                                    evidence_markdown, stack_checklist)
 from llamacpp_mla_port.upstreaming.lint import (EditorConfig, Finding, flake8_findings, introduced, tree_checks,
                                                 whitespace_findings)
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 #: what every commit must build: the library through the tools the job and the proof use,
 #: and test-llama-archs (every LLM_ARCH_ switch site handled)

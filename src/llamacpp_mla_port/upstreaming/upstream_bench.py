@@ -28,7 +28,7 @@ from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.fixtures.standard_model import SHAPES, write_standard_model
 from llamacpp_mla_port.project import bin_dir, tree_in
 from llamacpp_mla_port.upstreaming import harness_diff as hd
-from llamacpp_mla_port.stages import write_json
+from llamacpp_mla_port.jsonfile import write_json
 
 #: what a maintainer has to run where this machine cannot (CHECKLIST.md asks for it)
 NOT_MEASURED = ("ARM (NEON, SVE)", "AMX (Sapphire Rapids and later)", "16 or more threads",
