@@ -1,10 +1,14 @@
-"""PR stacks (templates/port.toml [stacks], commit.toml `stack`) and upstream's style rules
-for the series (style.py): every stack renders and applies alone on the pinned base, in
-both forms, byte-reproducibly; a commit outside every stack is an error naming it."""
+"""PR stacks (templates/port.toml [stacks], commit.toml `stack`, templates/stacks/<name>.md)
+and upstream's style rules for the series (style.py): every stack renders and applies alone on
+the pinned base, in both forms, byte-reproducibly; a commit outside every stack is an error
+naming it; port.toml is configuration (short strings), the prose lives in one file per stack
+and cites measured figures only by a link to docs/bench.md."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -172,9 +176,90 @@ def test_depends_names_an_earlier_stack(tmp_path):
 def test_the_canary_tries_every_stack_of_the_real_series(base, pin):
     tried = stacks.try_stacks(upstream.cache_repo(), load_series(TEMPLATES_DIR), base.sha, pin.tag,
                               {"pin": pin}, pin)
-    assert [t["stack"] for t in tried] == ["rpc", "pair-check", "mla-draft", "loader-probe", "cpu-q0-odd-columns",
-                                           "cpu-q0-column-blocks", "cpu-fa-kv-head-tiles"]
+    assert [t["stack"] for t in tried] == [st.name for st in load_series(TEMPLATES_DIR).stacks]
     assert all(t["ok"] and t["added"] > 0 for t in tried), tried
+
+
+# ------------------------------------------------------------------ the port description as data
+#: port.toml's longest string: a title, a claim, a command, a one-line relation (prose goes to
+#: templates/stacks/<name>.md)
+MAX_TOML_STRING = 300
+#: a measured ratio ("1.5x", "0.80-0.88x"): docs/bench.md holds those, the prose links there
+RATIO = re.compile(r"\b\d+\.\d+x\b")
+
+
+def long_strings(data, path: str = "") -> list[str]:
+    """Every string of a TOML document over MAX_TOML_STRING characters, by its key path."""
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in long_strings(v, f"{path}.{k}" if path else k)]
+    if isinstance(data, list):
+        return [p for i, v in enumerate(data) for p in long_strings(v, f"{path}[{i}]")]
+    return [f"{path} ({len(data)} characters)"] if isinstance(data, str) and len(data) > MAX_TOML_STRING else []
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a file's headings (lowercase; punctuation dropped, spaces to dashes)."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", markdown, re.M)}
+
+
+def prose_problems(name: str, text: str, docs: Path) -> list[str]:
+    """A stack's prose: no measured ratio of its own, and every link to a local file resolves,
+    its #anchor to a heading there."""
+    out = [f"{name}: the ratio {m} (link to docs/bench.md instead)" for m in RATIO.findall(text)]
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if "://" in target:
+            continue
+        file, _, anchor = target.partition("#")
+        path = (docs / file).resolve()
+        if not path.is_file():
+            out.append(f"{name}: {target}: no such file")
+        elif anchor and anchor not in heading_anchors(path.read_text()):
+            out.append(f"{name}: {target}: no such heading")
+    return out
+
+
+def test_the_checkers_find_long_strings_ratios_and_dead_links(tmp_path):
+    assert long_strings({"stacks": {"a": {"title": "t", "summary": "x" * 301, "facts": ["y" * 300, "z" * 400]}}}) \
+        == ["stacks.a.summary (301 characters)", "stacks.a.facts[1] (400 characters)"]
+    (tmp_path / "bench.md").write_text("# Benchmarks\n\n## 2026-12-04 (night): Zen 4, a tile dropped\n")
+    good = "slower than the base ([docs](bench.md#2026-12-04-night-zen-4-a-tile-dropped)); 4x2 tiles"
+    assert prose_problems("a", good, tmp_path) == []
+    assert prose_problems("a", "0.80-0.88x of the base, about 1.5x ([x](bench.md#night)) [y](gone.md)",
+                          tmp_path) == ["a: the ratio 0.88x (link to docs/bench.md instead)",
+                                        "a: the ratio 1.5x (link to docs/bench.md instead)",
+                                        "a: bench.md#night: no such heading", "a: gone.md: no such file"]
+
+
+def test_port_toml_holds_configuration_and_each_stack_its_prose():
+    port = tomllib.loads((TEMPLATES_DIR / "port.toml").read_text())
+    assert long_strings(port) == [], f"strings over {MAX_TOML_STRING} characters in templates/port.toml"
+    series = load_series(TEMPLATES_DIR)
+    problems = []
+    for st in series.stacks:
+        path = TEMPLATES_DIR / "stacks" / f"{st.name}.md"
+        assert path.is_file() and st.summary, f"{st.name}: no prose in {path}"
+        assert "\n" not in st.summary.split("\n\n")[0]          # a paragraph reads as one line
+        problems += prose_problems(st.name, path.read_text(), path.parent)
+    assert problems == [], "\n".join(problems)
+
+
+def test_a_summary_in_port_toml_or_a_stray_prose_file_is_refused(tmp_path):
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES_DIR, templates)
+    (templates / "stacks" / "rpc.md").write_text("First paragraph,\nwrapped.\n\n\nSecond  one.\n")
+    assert load_series(templates).stack("rpc").summary == "First paragraph, wrapped.\n\nSecond one."
+    (templates / "stacks" / "rpc.md").unlink()
+    assert load_series(templates).stack("rpc").summary == ""
+    (templates / "stacks" / "rcp.md").write_text("a typo\n")
+    with pytest.raises(PortDescriptionError, match=r"rcp.md names no stack of port.toml"):
+        load_series(templates)
+    (templates / "stacks" / "rcp.md").unlink()
+    port = templates / "port.toml"
+    port.write_text(port.read_text().replace('[stacks.pair-check]\n', '[stacks.pair-check]\nsummary = "old"\n'))
+    with pytest.raises(PortDescriptionError, match=r"\[stacks.pair-check\] summary: a stack's prose lives in "
+                                                   r"templates/stacks/pair-check.md"):
+        load_series(templates)
 
 
 # --------------------------------------------------------------------------------- style

@@ -170,7 +170,7 @@ def test_the_issue_skeleton_has_the_forms_sections_and_the_facts():
     for label, required in SECTIONS:
         assert f"## {label}" + (" (required)" if required else "") + "\n\n<your words>" in text
     facts = text.split("## Facts to cite")[1]
-    assert "- summary (templates/port.toml): an MLA backbone" in facts
+    assert "- summary (templates/stacks/mla-draft.md): an MLA backbone" in facts
     assert "- five MLA layers, a Markov head" in facts and "- engines: vLLM, SGLang" in facts
     assert "- overlaps #25549: another per-family draft" in facts
     assert "  - logits match [pass]" in facts

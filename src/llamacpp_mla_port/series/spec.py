@@ -1,4 +1,5 @@
-"""The port description: templates/port.toml plus one folder per commit in templates/series/.
+"""The port description: templates/port.toml, one folder per commit in templates/series/, and
+each PR stack's prose in templates/stacks/<name>.md.
 
 Pure data loading and validation; rendering is series/render.py's job.
 """
@@ -19,8 +20,10 @@ _CHANGE_KEYS = {"file", "anchor", "within", "within_end", "placement", "template
                 "vars", "with_commit", "without_commit"}
 _COMMIT_KEYS = {"vars", "change", "stack"}
 _STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-_STACK_KEYS = {"title", "summary", "evidence", "depends", "upstream", "comment_on", "order",
+_STACK_KEYS = {"title", "evidence", "depends", "upstream", "comment_on", "order",
                "issue_first", "overlaps", "issue_facts", "bench", "first_step"}
+#: templates/<PROSE_DIR>/<stack>.md: a stack's prose, what it changes and why (its `summary`)
+PROSE_DIR = "stacks"
 #: [stacks.NAME.bench]: what upstream's own benchmarks run on the base and the stack
 _BENCH_KEYS = {"types": list, "prompts": str, "args": list, "ops": list, "params": str, "shape": str,
                "n_layer": int, "reps": int}
@@ -98,7 +101,7 @@ class Stack:
     name: str
     title: str               # the squashed commit's subject, `<module> : <title>`
     commits: tuple[str, ...]  # commit slugs
-    summary: str = ""
+    summary: str = ""        # templates/stacks/<name>.md, each paragraph on one line
     evidence: tuple[Evidence, ...] = ()
     depends: tuple[str, ...] = ()   # stacks (earlier in port.toml) this PR is based on
     # the plan (upstreaming/plan.py, PLAN.md); never part of the patch text
@@ -254,6 +257,27 @@ def load_series(root: Path) -> Series:
                   commits=tuple(commits), stacks=_stacks(root / "port.toml", port, commits))
 
 
+def prose_file(name: str) -> str:
+    """Where stack `name`'s prose lives, as the user names it."""
+    return f"templates/{PROSE_DIR}/{name}.md"
+
+
+def _prose(root: Path, names: list[str]) -> dict[str, str]:
+    """Each stack's prose (templates/stacks/<name>.md; "" without one), a paragraph per line;
+    a file that names no stack is an error."""
+    folder = root / PROSE_DIR
+    files = {p.stem: p for p in folder.glob("*.md")} if folder.is_dir() else {}
+    orphans = sorted(set(files) - set(names))
+    if orphans:
+        raise PortDescriptionError(f"{folder}: {', '.join(o + '.md' for o in orphans)} names no stack of port.toml",
+                                   f"rename it to a stack's name ({', '.join(names)}) or delete it")
+    out = {}
+    for name, path in files.items():
+        text = path.read_text(encoding="utf-8")
+        out[name] = "\n\n".join(" ".join(par.split()) for par in re.split(r"\n\s*\n", text) if par.strip())
+    return out
+
+
 def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
     """port.toml [stacks.NAME], in file order; every commit names exactly one of them."""
     raw = port.get("stacks", {})
@@ -269,6 +293,10 @@ def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
         if not _STACK.match(name) or not isinstance(table, dict):
             raise PortDescriptionError(f"{path}: [stacks.{name}] is not a table named with "
                                        "lowercase letters, digits and dashes", "e.g. [stacks.rpc]")
+        if "summary" in table:
+            raise PortDescriptionError(f"{path}: [stacks.{name}] summary: a stack's prose lives in "
+                                       f"{prose_file(name)}", "move the text there (paragraphs of markdown; "
+                                       "measured figures as links to docs/bench.md) and drop the key")
         unknown = set(table) - _STACK_KEYS
         if unknown or not table.get("title"):
             raise PortDescriptionError(f"{path}: [stacks.{name}] needs `title`"
@@ -289,6 +317,7 @@ def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
             raise PortDescriptionError(
                 f"series/{c.slug}: stack {c.stack!r} is not defined in templates/port.toml",
                 f"add a [stacks.{c.stack}] table with a `title`, or use one of {', '.join(names)}")
+    prose = _prose(path.parent, names)
     out = []
     for name in names:
         members = tuple(c.slug for c in commits if c.stack == name)
@@ -310,7 +339,7 @@ def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
                                        f"one of the stack's: {', '.join(members)}")
         out.append(Stack(name=name, title=table["title"], commits=members, depends=tuple(depends),
                          first_step=(first["commit"], first["why"].strip()) if first else None,
-                         summary=table.get("summary", ""),
+                         summary=prose.get(name, ""),
                          evidence=tuple(Evidence(e["claim"], e["command"])
                                         for e in table.get("evidence", [])),
                          bench=_bench(path, name, table.get("bench")),

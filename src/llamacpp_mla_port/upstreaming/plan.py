@@ -19,7 +19,7 @@ import unidiff
 
 from llamacpp_mla_port.errors import ProcessError
 from llamacpp_mla_port.process import git
-from llamacpp_mla_port.series.spec import Series, Stack
+from llamacpp_mla_port.series.spec import Series, Stack, prose_file
 from llamacpp_mla_port.upstreaming.pr_docs import DESCRIPTION
 
 PLAN, ISSUE, COMMENT = "PLAN.md", "ISSUE-SKELETON.md", "COMMENT-KIT.md"
@@ -144,7 +144,7 @@ def issue_skeleton(st: Stack, form: tuple[str, dict] | None, evidence: list[dict
         lines += [f"## {label}" + (" (required)" if required else ""), "", "<your words>", ""]
     lines += ["## Facts to cite (not part of the issue: delete before opening it)", "",
               f"- stack: {st.name}, subject `{st.title}`",
-              f"- summary (templates/port.toml): {st.summary or '(none)'}",
+              f"- summary ({prose_file(st.name)}): {st.summary or '(none)'}",
               *[f"- {fact}" for fact in st.issue_facts],
               *[f"- overlaps {o.ref}: {o.relation}" for o in st.overlaps],
               "- evidence (EVIDENCE.md in this folder: the commands and this run's results):",

@@ -9,7 +9,7 @@ import json
 import re
 
 from llamacpp_mla_port.series import stacks as stacks_mod
-from llamacpp_mla_port.series.spec import Stack
+from llamacpp_mla_port.series.spec import Stack, prose_file
 from llamacpp_mla_port.upstreaming.upstream_bench import NOT_MEASURED
 
 
@@ -166,7 +166,7 @@ def description_skeleton(template: str | None, stack: Stack, facts: dict) -> str
         lines += [f"<!-- A stacked PR: based on the {', '.join(facts['based_on'])} PR(s). Open those first "
                   f"and say so here; these patches apply on ../{facts['based_on'][-1]}/{stacks_mod.SQUASHED}. -->", ""]
     lines += ["<!-- Facts to draw on (delete before opening the PR):",
-              f"  summary in templates/port.toml: {stack.summary or '(none)'}",
+              f"  summary in {prose_file(stack.name)}: {stack.summary or '(none)'}",
               f"  commits ({len(facts['commits'])}, +{facts['added']}/-{facts['removed']}):",
               *[f"    {c}" for c in facts["commits"]],
               f"  evidence: {EVIDENCE} in this folder -->", ""]
