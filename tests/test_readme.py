@@ -248,3 +248,19 @@ def test_the_parity_table_lives_in_docs_bounds_only():
     header = "| mode | checked | bound |"
     assert header not in _readme(), "the parity threshold table belongs to docs/bounds.md, not the README"
     assert header in (REPO / "docs" / "bounds.md").read_text()
+
+
+# ------------------------------------------------------------------------------ templates/README.md
+def tree_entries(text: str) -> set[str]:
+    """The top-level names of the first fenced `templates/` tree: its entries two spaces in."""
+    block = re.search(r"^```\ntemplates/\n(.*?)^```", text, re.M | re.S)
+    assert block, "templates/README.md has no ```templates/ tree"
+    return {m.group(1).rstrip("/") for m in re.finditer(r"^  (\S+)", block.group(1), re.M)}
+
+
+def test_the_templates_tree_names_what_templates_holds():
+    text = (REPO / "templates" / "README.md").read_text()
+    assert tree_entries(text) == {p.name for p in (REPO / "templates").iterdir()}, \
+        "templates/README.md's tree differs from the folder: add (or drop) the entry"
+    assert tree_entries("```\ntemplates/\n  a.toml   x\n  b/\n    c.md  y\n```\n") == {"a.toml", "b"}
+    assert "(../patches/README.md)" in text and (REPO / "patches" / "README.md").is_file()

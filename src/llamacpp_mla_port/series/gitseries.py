@@ -2,8 +2,9 @@
 
 - `commit_rendered`: one commit per rendered commit, built with a private index on top of
   the base (the work tree is not touched), fixed author/committer/date.
-- `export`: `git format-patch --zero-commit --no-signature --full-index`, plus `series` and
-  `manifest.json` (base commit, sha256 of every patch). Byte-reproducible.
+- `export`: `git format-patch --zero-commit --no-signature --full-index`, plus `series`,
+  `manifest.json` (base commit, sha256 of every patch) and `README.md` (which template folder
+  each patch comes from, and its PR stack). Byte-reproducible.
 - `drift`: what differs between a fresh export and the checked-in patches/.
 - `apply`: `git am -3` of patches/ onto the base on the tool's branch; never fuzz.
 """
@@ -30,6 +31,8 @@ from llamacpp_mla_port.jsonfile import write_json
 
 MANIFEST = "manifest.json"
 SERIES = "series"
+#: patches/README.md: the table of patch -> template folder -> stack (`index_text`)
+INDEX = "README.md"
 
 
 def series_env(series: Series) -> dict[str, str]:
@@ -60,8 +63,9 @@ def commit_rendered(repo: git.Repo, base_sha: str, rendered: list[RenderedCommit
 
 
 def export(repo: git.Repo, base_sha: str, head_sha: str, out_dir: Path, pin: Pin,
-           series: Series) -> list[str]:
-    """Write the series as patches into `out_dir` (created empty); return patch names."""
+           series: Series, slugs: list[str] | None = None) -> list[str]:
+    """Write the series as patches into `out_dir` (created empty); return patch names. `slugs`:
+    the template folder of each commit of base..head, in order, for the index (INDEX)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     git.run(repo, "format-patch", "--zero-commit", "--no-signature", "--full-index",
             "--numbered", "--subject-prefix=PATCH", "--stat=80", "--no-color",
@@ -77,7 +81,22 @@ def export(repo: git.Repo, base_sha: str, head_sha: str, out_dir: Path, pin: Pin
         "patches": [patch_entry(out_dir / n) for n in names],
     }
     write_json(out_dir / MANIFEST, manifest, indent=2)
+    if slugs is not None:
+        (out_dir / INDEX).write_text(index_text(series, names, slugs))
     return names
+
+
+def index_text(series: Series, names: list[str], slugs: list[str]) -> str:
+    """patches/README.md: each patch, the template folder it is rendered from, its PR stack."""
+    if len(names) != len(slugs):
+        raise SeriesError(f"format-patch wrote {len(names)} patches for {len(slugs)} commits",
+                          "a commit that changes nothing gives no patch: give it a change or drop it")
+    stack_of = {c.slug: c.stack for c in series.commits}
+    rows = [f"| {name} | {slug} | {stack_of.get(slug, '')} |" for name, slug in zip(names, slugs)]
+    return ("# The exported series (written by `make patch`: do not edit)\n\n"
+            "Each patch, the template folder it is rendered from (`templates/series/`), and the PR stack\n"
+            "it belongs to (`templates/port.toml`). Apply: `git am -3 $(sed 's|^|patches/|' patches/series)`.\n\n"
+            "| patch | template folder | stack |\n|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 def patch_entry(path: Path) -> dict:
@@ -97,7 +116,7 @@ def managed_files(patches_dir: Path) -> list[str]:
     if not patches_dir.is_dir():
         return []
     return sorted(p.name for p in patches_dir.iterdir()
-                  if p.is_file() and (p.suffix == ".patch" or p.name in (SERIES, MANIFEST)))
+                  if p.is_file() and (p.suffix == ".patch" or p.name in (SERIES, MANIFEST, INDEX)))
 
 
 def drift(fresh_dir: Path, patches_dir: Path) -> str:

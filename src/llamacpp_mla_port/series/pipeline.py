@@ -76,7 +76,8 @@ def render(opts: Options, repo: git.Repo, pin: Pin, base: Base) -> Rendered:
 
 
 def export_fresh(r: Rendered, out_dir: Path) -> list[str]:
-    return series_mod.export(r.repo, r.base.sha, r.head, out_dir, r.pin, r.series)
+    return series_mod.export(r.repo, r.base.sha, r.head, out_dir, r.pin, r.series,
+                             [c.slug for c in r.commits])
 
 
 def patch(opts: Options, log=print) -> dict:

@@ -99,7 +99,7 @@ def export_stack(repo: git.Repo, rs: RenderedStack, out_dir: Path, pin: Pin,
     if patches.exists():
         for p in patches.iterdir():
             p.unlink()
-    names = series_mod.export(repo, rs.base, rs.head, patches, pin, series)
+    names = series_mod.export(repo, rs.base, rs.head, patches, pin, series, [c.slug for c in rs.commits])
     squashed = git.run(repo, "format-patch", "--zero-commit", "--no-signature",
                        "--full-index", "--subject-prefix=PATCH", "--stat=80",
                        "--no-color", "--no-binary", "--stdout", "-1", rs.squashed,

@@ -294,7 +294,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     with tempfile.TemporaryDirectory(prefix="mla-port-rebase-") as tmp:
         export_pin = new_pin if _moved_pin(pin, target) else pin
         patches = series_mod.export(cache, target.base.sha, new_shas[-1], Path(tmp), export_pin,
-                                    series)
+                                    series, [c.slug for c in series.commits])
         if opts.canary or rel == "same":
             if opts.canary and opts.patches_out is not None:
                 series_mod.install(Path(tmp), opts.patches_out)
