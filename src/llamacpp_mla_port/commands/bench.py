@@ -11,25 +11,23 @@ from pathlib import Path
 
 from llamacpp_mla_port.project import bin_dir
 from llamacpp_mla_port.bench.run import STAGES
-from llamacpp_mla_port.commands.common import add_tree_args
+from llamacpp_mla_port.commands.common import add_tree_args, shared
 
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=None,
-                        help="report folder (default: <work dir>/bench): report.md, report.json, plots/, models/")
+    shared(parser, "--out", default=None,
+           help="report folder (default: <work dir>/bench): report.md, report.json, plots/, models/")
     add_tree_args(parser)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads for every measured pass (default: all cores)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per pass, after one warm-up (default 3)")
+    shared(parser, "--threads", default=None, help="threads for every measured pass (default: all cores)")
+    shared(parser, "--repeats", help="timed repeats per pass, after one warm-up (default 3)")
     parser.add_argument("--reuse-models", action="store_true",
                         help="keep and reuse the real-size models of an earlier run (development)")
     parser.add_argument("--baseline-build", type=Path, default=None, metavar="DIR",
                         help="the sweep stage also times a build of the tree without the commit under test "
                              "(before), interleaved with this one (after)")
-    parser.add_argument("--stages", default=None,
-                        help=f"comma-separated subset of {','.join(STAGES)} (default: all; later stages need "
-                             "earlier ones; a subset updates the existing report.json)")
+    shared(parser, "--stages", help=f"comma-separated subset of {','.join(STAGES)} (default: all; later stages "
+                                    "need earlier ones; a subset updates the existing report.json)")
 
 
 def run(args: argparse.Namespace, places) -> int:

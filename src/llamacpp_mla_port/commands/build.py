@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from llamacpp_mla_port.build import DEFAULT_TARGETS, RPC_TARGETS, ensure_build
-from llamacpp_mla_port.commands.common import add_tree_args
+from llamacpp_mla_port.commands.common import add_tree_args, shared
 from llamacpp_mla_port.series.worktree import require_applied
 
 
@@ -13,18 +13,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_tree_args(parser, tree_help="llama.cpp source tree (default: <work-dir>/llama.cpp; "
                                     "$MLA_PORT_TREE is for reading, never built)",
                   build_help="CMake build dir (default: <work-dir>/build)")
-    parser.add_argument("--target", dest="targets", action="append", default=None, metavar="TARGET",
-                        help=f"build this target (repeatable; default: {' '.join(DEFAULT_TARGETS)})")
-    parser.add_argument("--cmake-arg", dest="cmake_args", action="append", default=[], metavar="ARG",
-                        help="extra CMake configure option, e.g. --cmake-arg=-DGGML_CUDA=ON "
-                             "(with '=', the value starts with a dash; repeatable)")
-    parser.add_argument("--rpc", dest="rpc", action="store_true", default=True,
-                        help="llama.cpp's RPC backend (-DGGML_RPC=ON) and ggml-rpc-server (the default: "
-                             "the one configuration the tests, smoke, bench and the canary share)")
+    shared(parser, "--cmake-target", help=f"build this CMake target (repeatable; default: {' '.join(DEFAULT_TARGETS)})")
+    shared(parser, "--cmake-arg")
+    # with llama.cpp's RPC backend (-DGGML_RPC=ON) and ggml-rpc-server by default: the one
+    # configuration the tests, smoke, bench and the canary share. --rpc (the default) is hidden:
+    # in draft-logits --rpc names RPC servers.
+    parser.add_argument("--rpc", dest="rpc", action="store_true", default=True, help=argparse.SUPPRESS)
     parser.add_argument("--no-rpc", dest="rpc", action="store_false",
-                        help="without the RPC backend (reconfigures and recompiles a shared build dir: "
-                             "give it a --build-dir of its own)")
-    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+                        help="without llama.cpp's RPC backend (built by default: -DGGML_RPC=ON and ggml-rpc-server, "
+                             "the one configuration the tests, smoke, bench and the canary share; reconfigures "
+                             "and recompiles a shared build dir: give it a --build-dir of its own)")
+    shared(parser, "--jobs", help="parallel compile jobs (default: all cores)")
     parser.add_argument("--quiet", action="store_true", help="do not stream the build output")
 
 

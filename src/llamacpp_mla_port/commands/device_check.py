@@ -13,12 +13,13 @@ Exit 1 when a stage of the check fails.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
 
 from llamacpp_mla_port import process
-from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args
+from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args, shared
 
 
 def configure(parser) -> None:
@@ -28,15 +29,18 @@ def configure(parser) -> None:
                         help="after preparing, run the bundle here with CUDA off (work/device-check/)")
     add_tree_args(parser, build_help="its CPU build, for the fixtures (default: the work build, or $MLA_PORT_BUILD)")
     parser.add_argument("--bundle", type=Path, default=None, help="the bundle folder (default: work/device-bundle)")
-    parser.add_argument("--prompts", type=int, default=8, help="lossless prompts (default 8)")
+    # how many lossless prompts (--prompts, its old spelling, still read: in draft-length --prompts is a file)
+    parser.add_argument("--n-prompts", dest="prompts", type=int, default=8, metavar="N",
+                        help="lossless prompts (default 8)")
+    parser.add_argument("--prompts", dest="prompts", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     g = parser.add_argument_group("the driver (run.sh)")
     g.add_argument("--run", action="store_true", help="run the check from --bundle (what run.sh does)")
-    g.add_argument("--out", type=Path, default=None, help="report folder")
+    shared(g, "--out", default=None, help="report folder")
     add_scratch_arg(g, "scratch folder (tree, build, models)")
     g.add_argument("--budget", type=float, default=None,
                    help="seconds for the whole run (default: 540 on the device, none in a dry run)")
-    g.add_argument("--stages", default=None, help="comma-separated, of " + ",".join(STAGES)
-                   + " (default: " + ",".join(DEFAULT_STAGES) + ")")
+    shared(g, "--stages", help="comma-separated, of " + ",".join(STAGES)
+           + " (default: " + ",".join(DEFAULT_STAGES) + ")")
 
 
 def _log(msg: str) -> None:

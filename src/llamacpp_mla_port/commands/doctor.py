@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from llamacpp_mla_port.commands.common import shared
 from llamacpp_mla_port.doctor.diagnose import diagnose, fix_metadata
 from llamacpp_mla_port.doctor.findings import ERROR, OK, WARNING, Finding
 from llamacpp_mla_port.errors import PortError
@@ -25,9 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("draft", type=Path, metavar="DRAFT.gguf", help="the draft GGUF to diagnose")
-    parser.add_argument("--target", type=Path, metavar="TARGET.gguf",
-                        help="the target GGUF: compare n_embd, vocabulary, tokenizer, taps and embeddings")
-    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    shared(parser, "--target", help="the target GGUF: compare n_embd, vocabulary, tokenizer, taps and embeddings")
+    shared(parser, "--json", help="machine-readable output on stdout")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the evidence of passing checks too")
     fix = parser.add_argument_group("repair (writes a corrected copy, never in place)")
     fix.add_argument("--fix-metadata", type=Path, metavar="OUT.gguf",
@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--from-config", type=Path, metavar="config.json",
                      help="take target_layer_ids, mask_token_id (and block_size if present) from a config.json")
     fix.add_argument("--block-size", type=int, metavar="N", help="set dflash.block_size")
-    fix.add_argument("--force", action="store_true", help="overwrite OUT.gguf if it exists")
+    shared(fix, "--force", help="overwrite OUT.gguf if it exists")
 
 
 def run(args: argparse.Namespace, places) -> int:

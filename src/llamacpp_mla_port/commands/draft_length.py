@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from llamacpp_mla_port.bench.draft_length import Settings, measure_pair
-from llamacpp_mla_port.commands.common import add_tree_args
+from llamacpp_mla_port.commands.common import add_tree_args, shared
 from llamacpp_mla_port.errors import PortError
 
 DESCRIPTION = """\
@@ -44,17 +44,16 @@ report gives the CPU share the timed passes got).
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--target", type=Path, required=True, metavar="TARGET.gguf", help="the target model")
-    parser.add_argument("--draft", type=Path, required=True, metavar="DRAFT.gguf", help="its DSpark draft")
+    shared(parser, "--target", required=True, help="the target model (GGUF)")
+    shared(parser, "--draft", required=True, help="its DSpark draft (GGUF)")
     parser.add_argument("--prompts", type=Path, default=None, metavar="FILE",
                         help="prompts, one per line, for the acceptance (default: the published curves)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="report folder (default: <work dir>/draft-length): report.md, report.json, plots/")
-    parser.add_argument("--threads", type=int, default=None, help="threads for every pass (default: all cores)")
+    shared(parser, "--out", default=None,
+           help="report folder (default: <work dir>/draft-length): report.md, report.json, plots/")
+    shared(parser, "--threads", default=None, help="threads for every pass (default: all cores)")
     parser.add_argument("--depth", type=int, default=1024, help="tokens in the target's cache (default 1024)")
-    parser.add_argument("--rounds", type=int, default=2, help="process rounds, A B ... B A (default 2)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="timed passes per N and per draft block inside one process (default 3)")
+    shared(parser, "--rounds", help="process rounds, A B ... B A (default 2)")
+    shared(parser, "--repeats", help="timed passes per N and per draft block inside one process (default 3)")
     parser.add_argument("--min-seconds", type=float, default=2.0,
                         help="each draft block repeats until its timed runs add up to this (default 2)")
     parser.add_argument("--n-predict", type=int, default=64, help="tokens generated per prompt (default 64)")

@@ -19,26 +19,25 @@ from pathlib import Path
 
 import numpy as np
 
-from llamacpp_mla_port.commands.common import add_tree_args
+from llamacpp_mla_port.commands.common import add_tree_args, shared
 from llamacpp_mla_port.proof.reference.model import stream_taps
 from llamacpp_mla_port.proof.run.draft_logits import CACHE_TYPES, run_draft_logits
 from llamacpp_mla_port.proof.run.programs import compile_program
 
 
 def configure(parser) -> None:
-    parser.add_argument("--draft", required=True, type=Path, help="draft GGUF (dflash arch)")
-    parser.add_argument("--target", required=True, type=Path, help="target GGUF (token embeddings and lm_head)")
+    shared(parser, "--draft", required=True, help="draft GGUF (dflash arch)")
+    shared(parser, "--target", required=True, help="target GGUF (token embeddings and lm_head)")
     parser.add_argument("--features", required=True, type=Path,
                         help=".npy [n_ctx, taps * target_n_embd]: target features at the context positions")
-    parser.add_argument("--tokens", required=True,
-                        help="block token ids, comma-separated: anchor then MASK ids")
-    parser.add_argument("--out", required=True, type=Path, help="output folder for the .npy files")
+    shared(parser, "--tokens", required=True, help="block token ids, comma-separated: anchor then MASK ids")
+    shared(parser, "--out", required=True, help="output folder for the .npy files")
     parser.add_argument("--ctx-pos0", type=int, default=0, help="position of the first context row")
     parser.add_argument("--block-pos0", type=int, default=None,
                         help="position of the anchor (default: right after the context)")
     parser.add_argument("--flash-attn", choices=("on", "off"), default="off")
     parser.add_argument("--cache-type", choices=CACHE_TYPES, default="f16", help="draft KV cache type")
-    parser.add_argument("--threads", type=int, default=2)
+    shared(parser, "--threads")
     parser.add_argument("--rpc", default=None, metavar="HOST:PORT,...",
                         help="llama.cpp RPC servers (ggml-rpc-server) whose devices the models may use")
     parser.add_argument("--draft-devices", default=None, metavar="DEV,...",

@@ -12,22 +12,22 @@ from __future__ import annotations
 
 import sys
 
-from llamacpp_mla_port.commands.common import add_source_args, options
+from llamacpp_mla_port.commands.common import add_source_args, options, shared
 
 
 def configure(parser) -> None:
     from llamacpp_mla_port.upstreaming.harness_diff import HARNESS_OPS, ISA_BUILDS
 
     add_source_args(parser)
-    parser.add_argument("--stack", default=None, help="one PR stack alone on the base (default: the whole series)")
-    parser.add_argument("--isa", default=None,
-                        help="ggml-cpu builds to compare, of " + ",".join(ISA_BUILDS) + " (default: all for "
-                             "the series; for a stack, all when it edits ggml-cpu, else native)")
+    shared(parser, "--stack", action="store", dest="stack", default=None,
+           help="one PR stack alone on the base (default: the whole series)")
+    shared(parser, "--isa", help="ggml-cpu builds to compare, of " + ",".join(ISA_BUILDS) + " (default: all for "
+                                 "the series; for a stack, all when it edits ggml-cpu, else native)")
     parser.add_argument("--ops", default=None,
                         help="test-backend-ops ops (default: " + ",".join(HARNESS_OPS) + "; none for a "
                              "stack that leaves ggml-cpu alone)")
     parser.add_argument("--no-archs", action="store_true", help="leave out test-llama-archs")
-    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs")
+    shared(parser, "--jobs")
 
 
 def run(args, places) -> int:

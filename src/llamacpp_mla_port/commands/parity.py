@@ -5,7 +5,7 @@ and the per-mode threshold table (the work is proof/parity.py).
 
 Any build of the patched tree that has libllama and test-llama-archs will do, e.g. a
 portable one: `llamacpp-mla-port build --build-dir work/build-portable
---cmake-arg=-DGGML_NATIVE=OFF --target llama --target test-llama-archs`. Exit 1 when a case
+--cmake-arg=-DGGML_NATIVE=OFF --cmake-target llama --cmake-target test-llama-archs`. Exit 1 when a case
 is over its bound.
 """
 
@@ -16,15 +16,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args
+from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args, shared
 from llamacpp_mla_port.proof.parity import format_mode_table, run_matrix
 
 
 def configure(parser) -> None:
     add_tree_args(parser, build_help="the CMake build dir to test (default: the work build, or $MLA_PORT_BUILD)")
     add_scratch_arg(parser, "folder for checkpoints, runs and parity-report.json (default: a fresh temporary folder)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", action="store_true", help="print the mode table as JSON instead of text")
+    shared(parser, "--threads")
+    shared(parser, "--json", help="print the mode table as JSON instead of text")
 
 
 def _log(msg: str) -> None:

@@ -9,24 +9,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llamacpp_mla_port.commands.common import add_tree_args
-from llamacpp_mla_port.errors import PortError
+from llamacpp_mla_port.commands.common import PROOF_FLAGS, add_tree_args, parse_proof_args, shared
 from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.upstreaming.pr import PR_TARGETS, PrOptions, make_pr
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_tree_args(parser, tree=False, build=False)
-    parser.add_argument("--patches-dir", type=Path, metavar="DIR")
-    parser.add_argument("--templates-dir", type=Path, metavar="DIR")
+    shared(parser, "--patches-dir")
+    shared(parser, "--templates-dir")
     parser.add_argument("--evidence", type=Path, metavar="DIR",
                         help="where the evidence folder goes (default: <work-dir>/evidence)")
-    # not the work build (the proof runs on that): the per-commit builds' own dir
-    parser.add_argument("--build-dir", dest="pr_build_dir", type=Path, metavar="DIR",
+    # not the work build (the proof runs on that): the per-commit builds' own dir; it was
+    # spelled --build-dir, which in every other verb is the work build
+    parser.add_argument("--commit-build-dir", dest="pr_build_dir", type=Path, metavar="DIR",
                         help="build dir of the per-commit builds (default: <work-dir>/pr/build)")
-    parser.add_argument("--target", dest="targets", action="append", metavar="TARGET",
-                        help=f"target every commit must build (default: {' '.join(PR_TARGETS)})")
-    parser.add_argument("-j", "--jobs", type=int, default=None)
+    parser.add_argument("--build-dir", dest="pr_build_dir", type=Path, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+    shared(parser, "--cmake-target", help=f"target every commit must build (repeatable; default: "
+                                          f"{' '.join(PR_TARGETS)})")
+    shared(parser, "--jobs")
     parser.add_argument("--skip-build", action="store_true",
                         help="lint only: do not build each commit (the evidence says so)")
     parser.add_argument("--skip-smoke", action="store_true",
@@ -42,32 +44,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-upstream-bench", action="store_true",
                         help="do not run llama-bench / test-backend-ops perf on the base and on the stacks "
                              "with a bench table (upstream-bench; a report of the same commits is reused)")
-    parser.add_argument("--stack", dest="stacks", action="append", default=[], metavar="NAME",
-                        help="only this PR stack (templates/port.toml [stacks]; repeatable)")
+    shared(parser, "--stack")
     parser.add_argument("--smoke-arg", dest="smoke_args", action="append", default=[],
-                        metavar="ARG", help="a setting of the proof as `smoke` spells it: --quick, --no-server, "
-                                            "--threads=N (e.g. --smoke-arg=--quick)")
-
-
-def proof_settings(smoke_args: list[str]) -> dict:
-    """--smoke-arg values, read by the proof verb's own parser: the settings prove_into takes."""
-    from llamacpp_mla_port.commands import smoke
-    parser = argparse.ArgumentParser(prog="pr --smoke-arg", add_help=False)
-    smoke.configure(parser)
-    given = parser.parse_args(smoke_args)
-    elsewhere = [a for a in smoke_args if a.split("=")[0] not in ("--quick", "--no-server", "--threads")
-                 and not a.isdigit()]
-    if elsewhere:
-        raise PortError(f"--smoke-arg {' '.join(elsewhere)}: make pr runs the proof on the work tree, "
-                        "in <work-dir>/pr/proof", "pass only --quick, --no-server or --threads=N")
-    return {"quick": given.quick, "server": not given.no_server, "threads": given.threads}
+                        metavar="ARG", help="a setting of the proof as `smoke` spells it: "
+                                            f"{', '.join(PROOF_FLAGS)}=N (e.g. --smoke-arg=--quick)")
 
 
 def run(args: argparse.Namespace, places: Places) -> int:
     opts = PrOptions(places, evidence=args.evidence,
                      build_dir=args.pr_build_dir, targets=tuple(args.targets or PR_TARGETS),
                      jobs=args.jobs, skip_build=args.skip_build, skip_smoke=args.skip_smoke,
-                     proof_settings=proof_settings(args.smoke_args), skip_evidence=args.skip_evidence,
+                     proof_settings=parse_proof_args(args.smoke_args), skip_evidence=args.skip_evidence,
                      stacks=tuple(args.stacks), upstream_checks=not args.skip_upstream_checks,
                      harness_diff=not args.skip_harness_diff, upstream_bench=not args.skip_upstream_bench)
     result = make_pr(opts)

@@ -10,10 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-from llamacpp_mla_port.commands.common import add_tree_args
+from llamacpp_mla_port.commands.common import add_proof_args, add_tree_args, proof_settings, shared
 from llamacpp_mla_port.errors import PortError
 from llamacpp_mla_port.project import Places
-from llamacpp_mla_port.source.obtain import SOURCES
 from llamacpp_mla_port.jsonfile import write_json
 from llamacpp_mla_port.upstreaming.rebase import RebaseOptions, format_text, rebase
 
@@ -25,26 +24,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "only), or a PyPI sdist holding one: a tag / `newest` of "
                              "templates/upstreams.toml (the pin then names its tree), or "
                              "NAME==VERSION (canary only)")
-    parser.add_argument("--git-url", metavar="URL|PATH",
-                        help="the repository holding --onto (a local clone is fastest)")
-    parser.add_argument("--force", action="store_true",
-                        help="accept an older or unrelated commit (the pin normally moves "
-                             "forward only)")
+    shared(parser, "--git-url", help="the repository holding --onto (a local clone is fastest)")
+    shared(parser, "--force", help="accept an older or unrelated commit (the pin normally moves forward only)")
     parser.add_argument("--canary", action="store_true",
                         help="only try: write nothing, print a JSON report (its verdict: ok, "
                              "review or failed), exit 1 unless ok")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    shared(parser, "--json", help="print the report as JSON")
     parser.add_argument("--tag", help="tag name to record in the pin (default: git describe "
                                       "--exact-match in a local clone, else the short id)")
-    parser.add_argument("--templates-dir", type=Path, metavar="DIR",
-                        help="the port description (default: ./templates)")
-    parser.add_argument("--patches-dir", type=Path, metavar="DIR",
-                        help="the exported series (default: ./patches)")
+    shared(parser, "--templates-dir")
+    shared(parser, "--patches-dir")
     add_tree_args(parser, tree=False, build=False)      # the work dir: re-applied on success when it exists
-    parser.add_argument("--source", choices=SOURCES, default="auto",
-                        help="where the OLD pinned base comes from when not cached")
-    parser.add_argument("--sdist-file", type=Path, metavar="PATH",
-                        help="the already-downloaded sdist of the old pin")
+    shared(parser, "--source", help="where the OLD pinned base comes from when not cached")
+    shared(parser, "--sdist-file", help="the already-downloaded sdist of the old pin")
     g = parser.add_argument_group("the full canary (--canary --prove)")
     g.add_argument("--prove", action="store_true",
                    help="after the anchors: apply with git am -3, build and run the proof on the "
@@ -54,19 +46,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--canary-dir", type=Path, metavar="DIR",
                    help="the canary's own work dir (default: ./work-canary, or "
                         "$MLA_PORT_CANARY_DIR); work/, patches/ and the pin are never touched")
-    g.add_argument("--cmake-arg", action="append", default=[], metavar="ARG",
-                   help="extra CMake option for the canary build (repeatable)")
-    g.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs")
+    shared(g, "--cmake-arg", help="extra CMake option for the canary build (repeatable)")
+    shared(g, "--jobs")
     g.add_argument("--build-stacks", action="store_true",
                    help="after the build: each PR stack alone on the new upstream, built as `pr` "
                         "builds a commit (upstream CI's CPU flags: GGML_NATIVE=OFF, LLAMA_FATAL_WARNINGS), "
                         "in <canary-dir>/stacks/")
     g.add_argument("--no-proof", action="store_true",
                    help="stop after the builds (the proof is not run; the report says so)")
-    g.add_argument("--quick", action="store_true",
-                   help="the proof's quick mode (draft length 3 only in the lossless matrix)")
-    g.add_argument("--no-server", action="store_true", help="the proof without llama-server runs")
-    g.add_argument("--threads", type=int, default=2, help="threads of every llama.cpp process of the proof")
+    add_proof_args(g)
     g.add_argument("--baseline", type=Path, metavar="SMOKE_JSON",
                    help="a `smoke` report (e.g. of the pin: `llamacpp-mla-port smoke > pin.json`) "
                         "whose printed figures the proof's are compared with")
@@ -106,9 +94,8 @@ def _run_full_canary(args: argparse.Namespace, places: Places) -> int:
     from llamacpp_mla_port.upstreaming.canary import (REPORT_NAME, CanaryOptions, progress_line, run_canary,
                                                       summary_lines)
     opts = CanaryOptions(onto=args.onto, places=places, git_url=args.git_url, tag=args.tag,
-                         cmake_args=tuple(args.cmake_arg),
-                         jobs=args.jobs, quick=args.quick, server=not args.no_server,
-                         threads=args.threads, baseline=args.baseline,
+                         cmake_args=tuple(args.cmake_args), jobs=args.jobs, **proof_settings(args),
+                         baseline=args.baseline,
                          build_stacks=args.build_stacks, prove=not args.no_proof)
     out = sys.stderr if args.json else sys.stdout
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args
+from llamacpp_mla_port.commands.common import add_proof_args, add_scratch_arg, add_tree_args, proof_settings
 from llamacpp_mla_port.proof.smoke import run_smoke
 
 
@@ -17,14 +17,10 @@ def configure(parser) -> None:
     add_scratch_arg(parser, "folder for fixtures and runs (default: a fresh temporary folder)")
     add_tree_args(parser)
     parser.add_argument("--no-build", action="store_true", help="use the existing build as it is")
-    parser.add_argument("--no-server", action="store_true", help="skip the llama-server runs")
-    parser.add_argument("--quick", action="store_true",
-                        help="draft length 3 only in the lossless matrix (a quicker, weaker run)")
-    parser.add_argument("--threads", type=int, default=2)
+    add_proof_args(parser)
 
 
 def run(args, places) -> int:
-    report = run_smoke(places.build, args.scratch_dir, no_build=args.no_build, server=not args.no_server,
-                       quick=args.quick, threads=args.threads)
+    report = run_smoke(places.build, args.scratch_dir, no_build=args.no_build, **proof_settings(args))
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
     return 0 if report["ok"] else 1

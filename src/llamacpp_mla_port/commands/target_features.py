@@ -11,20 +11,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from llamacpp_mla_port.commands.common import add_tree_args
+from llamacpp_mla_port.commands.common import add_tree_args, shared
 from llamacpp_mla_port.proof.run.programs import compile_program
 from llamacpp_mla_port.proof.run.target_features import dump_target_features
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, type=Path, help="target GGUF (patched Kimi-K3)")
+    shared(parser, "--target", required=True, help="target GGUF (patched Kimi-K3)")
     group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--draft", type=Path, help="take the layers from this draft's dflash.target_layers")
+    shared(group, "--draft", help="take the layers from this draft's dflash.target_layers")
     group.add_argument("--layers", help="comma-separated llama.cpp layer indices (their INPUT is dumped)")
-    parser.add_argument("--tokens", required=True, help="comma-separated prompt token ids")
-    parser.add_argument("--out", required=True, type=Path, help="output folder (features.npy, logits.npy, ...)")
+    shared(parser, "--tokens", required=True, help="comma-separated prompt token ids")
+    shared(parser, "--out", required=True, help="output folder (features.npy, logits.npy, ...)")
     parser.add_argument("--dump", default="", help="comma-separated graph tensor names to dump as well")
     add_tree_args(parser)
 

@@ -3,7 +3,7 @@ table has a `bench` entry (upstreaming/upstream_bench.py): llama-bench and test-
 perf on the pinned base and on the stack, the same flags, compare-llama-bench.py tables.
 
     llamacpp-mla-port upstream-bench [--stack NAME] [--isa native,avx2] [-t 1,2] [-r 3] [--rounds 2]
-                                     [--layers 4] [-j N]
+                                     [--model-layers 4] [-j N]
 
 Writes work/upstream-bench/<stack>/{native,avx2}.sqlite, report.json and report.md.
 """
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import sys
 
-from llamacpp_mla_port.commands.common import add_source_args, options
+import argparse
+
+from llamacpp_mla_port.commands.common import add_source_args, options, shared
 
 
 def configure(parser) -> None:
@@ -21,17 +23,22 @@ def configure(parser) -> None:
 
     add_source_args(parser)
     d = Settings()
-    parser.add_argument("--stack", action="append", default=[], metavar="NAME",
-                        help="only this stack (repeatable; default: every stack with a bench table)")
-    parser.add_argument("--isa", default=",".join(d.isas),
-                        help=f"builds, of {','.join(ISA_BUILDS)} (default: {','.join(d.isas)})")
-    parser.add_argument("-t", "--threads", default=d.threads, help=f"llama-bench -t (default: {d.threads})")
+    shared(parser, "--stack", help="only this stack (repeatable; default: every stack with a bench table)")
+    shared(parser, "--isa", default=",".join(d.isas),
+           help=f"builds, of {','.join(ISA_BUILDS)} (default: {','.join(d.isas)})")
+    # llama-bench's own -t: a list of thread counts (--threads, in the other verbs one count, was its
+    # long spelling: still read, hidden)
+    parser.add_argument("-t", "--bench-threads", dest="threads", default=d.threads, metavar="N,M",
+                        help=f"llama-bench -t: thread counts (default: {d.threads})")
+    parser.add_argument("--threads", dest="threads", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("-r", "--reps", type=int, default=d.reps, help=f"llama-bench -r (default: {d.reps})")
-    parser.add_argument("--rounds", type=int, default=d.rounds,
-                        help=f"runs of each side, interleaved base/patched (default: {d.rounds})")
-    parser.add_argument("--layers", type=int, default=d.n_layer,
+    shared(parser, "--rounds", default=d.rounds,
+           help=f"runs of each side, interleaved base/patched (default: {d.rounds})")
+    parser.add_argument("--model-layers", dest="layers", type=int, default=d.n_layer, metavar="N",
                         help=f"layers of the standard-shape model (default: {d.n_layer})")
-    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs")
+    # its old spelling (in target-features --layers names layers to dump), still read, hidden
+    parser.add_argument("--layers", dest="layers", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    shared(parser, "--jobs")
 
 
 def settings_of(args):
@@ -58,7 +65,7 @@ def run(args, places) -> int:
     base = obtain.obtain(pin, opts.source, opts.git_url, opts.sdist_file)
     repo = obtain.cache_repo()
     series = load_series(places.templates_dir)
-    chosen = [series.stack(n) for n in args.stack] or [st for st in series.stacks if st.bench]
+    chosen = [series.stack(n) for n in args.stacks] or [st for st in series.stacks if st.bench]
     missing = [st.name for st in chosen if st.bench is None]
     if missing:
         print(f"error: no [stacks.NAME.bench] table for {', '.join(missing)} in templates/port.toml",
