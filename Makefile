@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 #   PATCH_ARGS="--source sdist"  or  PATCH_ARGS="--git-url ~/src/llama.cpp"
 #   BUILD_ARGS="--cmake-arg=-DGGML_CUDA=ON"
 #   RPC=0          make build without llama.cpp's RPC backend (on by default: one configuration for all)
-#   PYTEST_ARGS="-k engine -x"
+#   PYTEST_ARGS="tests/series -x"   (make test / test-fast / test-slow)
 #   CANARY_ONTO=newest|bNNNNN|NAME==VERSION|COMMIT|PATH  CANARY_ARGS="--git-url ~/src/llama.cpp"
 #   CANARY_DIR=DIR (make canary; default: work-canary, or $MLA_PORT_CANARY_DIR)
 #   PARITY_BUILD=work/build-portable   (make parity: the build to run the parity matrix on;
@@ -34,8 +34,9 @@ PARITY_BUILD ?=
 BENCH_ARGS ?=
 DRY_RUN ?=
 HARNESS_ARGS ?=
+UPSTREAM_BENCH_ARGS ?=
 
-.PHONY: help venv patch check build smoke parity test test-slow pr canary bench bench-rpc device-check harness-diff upstream-bench clean-work clean
+.PHONY: help venv patch check build smoke parity test test-fast test-slow pr canary bench bench-rpc device-check harness-diff upstream-bench clean-work clean
 
 help:
 	@echo "make venv        the project-local .venv/ alone (the targets that run the tool make it first)"
@@ -45,6 +46,7 @@ help:
 	@echo "make smoke       build, make fixtures, parity + lossless proof, one JSON report"
 	@echo "make parity      the logit-parity matrix and threshold table on PARITY_BUILD (default work/build)"
 	@echo "make test        the test suite (drift check, engine, runtime, converter, proof, doctor)"
+	@echo "make test-fast   the tests that need no llama.cpp (no build, no tree): the daily loop, under a minute"
 	@echo "make test-slow   real-size checks: real-config conversion, the real-size pair lossless (~20 GB disk)"
 	@echo "make pr          upstream kit: one folder per PR stack in work/pr/ (patches, evidence with upstream tables, checklist)"
 	@echo "make canary      render, apply, build and prove the series on the newest known upstream (./work-canary)"
@@ -79,8 +81,13 @@ smoke: build
 parity: $(STAMP)
 	$(TOOL) parity $(if $(PARITY_BUILD),--build-dir $(PARITY_BUILD))
 
+# `-m "not slow"` is pyproject.toml's addopts; --fast (tests/conftest.py) also leaves out the
+# tests that need llama.cpp's build or source, or write a real-size model
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest --fast $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -s $(PYTEST_ARGS)

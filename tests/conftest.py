@@ -7,6 +7,14 @@ with the RPC backend (`make build`'s one configuration).
 MLA_PORT_TREE / MLA_PORT_BUILD point both at another tree/build (development; read through
 project.env, so the old LLAMACPP_MLA_PORT_* names work too).
 `--update-golden` rewrites the golden files the run compares (tests/helpers/golden.py).
+
+Markers (pyproject.toml): `build` needs the patched llama.cpp build, and a test that asks for
+it (the llama_build fixture) without the marker is a collection error; `tree` needs llama.cpp's
+source (the pinned sdist, the patched tree), given here to every test that asks for one of
+TREE_FIXTURES; `big` writes a model of a real model's size; `slow` is for `make test-slow`.
+`--fast` (`make test-fast`) leaves out FAST_LEAVES_OUT, and every test marked none of them runs
+without llama.cpp: its cache is an empty folder and PyPI unreachable, so a test that reaches
+for llama.cpp there fails instead of quietly taking minutes.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from tests.helpers import PIN_FILE, run_places
 
 
 def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true", default=False,
+                     help="only the tests that need no llama.cpp (neither its build nor its source) and "
+                          "write no real-size model: `make test-fast`")
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite the golden files (tests/golden/) that differ from this run's output; "
                           f"each rewritten file still fails its test (also: {golden.ENV_VAR}=1)")
@@ -31,6 +42,62 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     golden.UPDATE = config.getoption("--update-golden")
+
+
+#: fixtures that need the patched llama.cpp build (a test using one is marked `build`)
+BUILD_FIXTURES = {"llama_build"}
+#: fixtures that need llama.cpp's source: the sdist, the cache repository, the patched tree
+TREE_FIXTURES = {"sdist_tarball", "patched_tree"}
+
+
+def marker_problems(items) -> list[str]:
+    """The tests that use the build without the `build` marker; and the `tree` marker added to
+    every test that uses llama.cpp's source but is marked neither."""
+    out = []
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        used = set(getattr(item, "fixturenames", ()))
+        if used & BUILD_FIXTURES and "build" not in marks:
+            out.append(f"{item.nodeid} uses {', '.join(sorted(used & BUILD_FIXTURES))}: "
+                       "mark it @pytest.mark.build")
+        if used & TREE_FIXTURES and not {"build", "tree"} & marks:
+            item.add_marker(pytest.mark.tree)
+    return out
+
+
+#: what `--fast` leaves out
+FAST_LEAVES_OUT = ("build", "tree", "big")
+
+
+def pytest_collection_modifyitems(config, items):
+    problems = marker_problems(items)
+    if problems:
+        raise pytest.UsageError("tests that need the llama.cpp build without the `build` marker "
+                                "(`make test-fast` would run them):\n  " + "\n  ".join(problems))
+    if config.getoption("--fast"):
+        keep, out = [], []
+        for item in items:
+            (out if any(item.get_closest_marker(m) for m in FAST_LEAVES_OUT) else keep).append(item)
+        if out:
+            config.hook.pytest_deselected(items=out)
+            items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def _no_llama_cpp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("no-llama-cpp-cache")
+
+
+@pytest.fixture(autouse=True)
+def _without_llama_cpp_unless_marked(request, monkeypatch):
+    """A test marked neither `build` nor `tree` runs where llama.cpp cannot be had: an empty
+    cache and an index that refuses connections (its own monkeypatch may still point elsewhere)."""
+    if {"build", "tree", "big", "slow"} & {m.name for m in request.node.iter_markers()}:
+        return
+    # the old names: a test's own setting, by either name, comes first (project.env)
+    for name, value in (("CACHE", str(request.getfixturevalue("_no_llama_cpp"))), ("PYPI", "http://127.0.0.1:9/pypi")):
+        monkeypatch.delenv(project.ENV_PREFIX + name, raising=False)
+        monkeypatch.setenv(project.OLD_ENV_PREFIX + name, value)
 
 
 @pytest.fixture(scope="session")

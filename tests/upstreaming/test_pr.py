@@ -402,11 +402,28 @@ def test_every_evidence_command_selects_tests_that_exist():
     commands = [ev.command for st in load_series(repo / "templates").stacks for ev in st.evidence]
     pytest_cmds = [c for c in commands if " -m pytest " in c]
     assert pytest_cmds, commands
-    for cmd in pytest_cmds:
-        args = shlex.split(cmd.split(" -m pytest ", 1)[1])
-        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=repo,
-                             capture_output=True, text=True)
-        assert out.returncode == 0 and " collected" in out.stdout, f"{cmd}:\n{out.stdout[-2000:]}{out.stderr[-1000:]}"
+    # one interpreter collects for every command (each its own pytest.main): the test modules
+    # and what they import are loaded once, not once per command
+    probe = ("import json, sys, pytest\n"
+             "class Count:\n"
+             "    n = 0\n"
+             "    def pytest_collection_finish(self, session):\n"
+             "        self.n = len(session.items)\n"
+             "out = []\n"
+             "for args in json.loads(sys.argv[1]):\n"
+             "    count = Count()\n"
+             "    rc = pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', *args], plugins=[count])\n"
+             "    out.append([int(rc), count.n])\n"
+             "print('COUNTS', json.dumps(out))\n")
+    args = [shlex.split(cmd.split(" -m pytest ", 1)[1]) for cmd in pytest_cmds]
+    proc = subprocess.run([sys.executable, "-c", probe, json.dumps(args + [["tests/no_such_test.py"]])], cwd=repo,
+                          capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("COUNTS ")), None)
+    assert line, proc.stdout[-2000:] + proc.stderr[-2000:]
+    *counts, control = json.loads(line[len("COUNTS "):])
+    assert control[0] != 0 and control[1] == 0             # the control: a command that collects nothing
+    bad = [cmd for cmd, (rc, n) in zip(pytest_cmds, counts) if rc != 0 or n == 0]
+    assert bad == [], f"evidence commands that collect no test: {bad}"
 
 
 def test_evidence_says_the_server_tests_did_not_run_when_the_stack_triggers_them():
