@@ -34,7 +34,7 @@ COMMANDS: dict[str, str] = {
     "bench": "the draft at Kimi-K3's real size against measured floors: work/bench/report.md",
     "draft-length": "what a draft buys over its target alone here, per draft length: the --spec-draft-n-max to use",
     "device-check": "the pair on a GPU: the offline bundle for a device machine (--dry-run: run it here, CUDA off)",
-    "pr": "check each commit builds and lints, run the proof, write an evidence folder",
+    "pr": "upstream kit: one folder per PR stack (patches, evidence, checklist), each commit built and linted",
     "rebase": "re-render the series against a newer upstream and move the pin forward",
     "harness-diff": "upstream's own tests on the base and patched, same flags: no case that passes on the base fails",
     "upstream-bench": "llama-bench and test-backend-ops perf, base against each PR stack: compare-llama-bench tables",

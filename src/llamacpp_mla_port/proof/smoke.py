@@ -4,13 +4,14 @@ commands/smoke.py, prints it as JSON and exits non-zero on any failure).
 
 Stages (each is recorded in the report; a failing stage fails the run, later stages still run):
   build      build.ensure_build on the patched tree (the targets the proof needs)
+  fixtures   the tiny Kimi-K3 target (fixtures.target, written by the tree's test-llama-archs)
   parity     proof.parity: 3 draft shapes x 5 precision modes against the float64 reference (F32)
              and the reference emulating the CPU backend's roundings (the others); per mode the
              headroom of its bound on this machine (report["parity_modes"])
   target     proof.target_features: the Kimi-K3 layer inputs == the block-local prefix stream
   lossless   proof.lossless: llama-speculative-simple and llama-server (-np 2) == target alone
 The tree and build default to the tool's work tree; MLA_PORT_TREE / MLA_PORT_BUILD
-(or --tree/--build) point elsewhere.
+(or --tree/--build-dir) point elsewhere.
 """
 
 from __future__ import annotations
