@@ -19,6 +19,11 @@ for llama.cpp there fails instead of quietly taking minutes.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,7 +50,7 @@ def pytest_configure(config):
 
 
 #: fixtures that need the patched llama.cpp build (a test using one is marked `build`)
-BUILD_FIXTURES = {"llama_build"}
+BUILD_FIXTURES = {"llama_build", "smoke_run"}
 #: fixtures that need llama.cpp's source: the sdist, the cache repository, the patched tree
 TREE_FIXTURES = {"sdist_tarball", "patched_tree"}
 
@@ -119,6 +124,26 @@ def patched_tree(tmp_path_factory) -> Path:
     patches = tmp_path_factory.mktemp("patches")
     result = pipeline.patch(pipeline.Options(run_places(patches_dir=patches)))
     return Path(result["tree"])
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    report: dict         # what `smoke` printed
+    work: Path           # its scratch folder: parity/ holds the matrix (parity-report.json) and its drafts
+
+
+@pytest.fixture(scope="session")
+def smoke_run(patched_tree, llama_build, tmp_path_factory) -> SmokeRun:
+    """The whole proof, `llamacpp-mla-port smoke`, once per session: tests/proof/test_smoke.py
+    checks its report, tests/proof/test_parity.py the parity matrix it ran (not run twice)."""
+    work = tmp_path_factory.mktemp("smoke")
+    proc = subprocess.run([sys.executable, "-m", "llamacpp_mla_port", "smoke", "--no-build",
+                           "--tree", str(patched_tree), "--build-dir", str(llama_build),
+                           "--scratch-dir", str(work)],
+                          capture_output=True, text=True, env=dict(os.environ), timeout=3600)
+    sys.stderr.write(proc.stderr[-6000:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return SmokeRun(json.loads(proc.stdout), work)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,8 @@ reference emulating the CPU backend's roundings, every bound far below the gross
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -32,16 +34,17 @@ def target_dims(target):
 
 
 @pytest.fixture(scope="module")
-def parity_work(tmp_path_factory):
-    """The matrix's folder: its converted drafts are reused by the tests below (make_draft)."""
-    return tmp_path_factory.mktemp("parity")
+def parity_work(smoke_run):
+    """The matrix's folder, the whole proof's (`smoke`, run once per session by tests/conftest.py):
+    its converted drafts are reused by the tests below (make_draft)."""
+    return smoke_run.work / "parity"
 
 
 @pytest.fixture(scope="module")
-def parity_run(patched_tree, llama_build, target, target_dims, parity_work):
-    hidden, vocab = target_dims
-    return parity.run_parity(patched_tree, llama_build, parity_work, lambda h, v, n: target, hidden, vocab,
-                             log=lambda *a: None)
+def parity_run(parity_work):
+    """The matrix as the proof ran it (proof.parity.run_parity's full report, every case), read
+    back rather than run a second time."""
+    return parity.ParityResult(json.loads((parity_work / "parity-report.json").read_text()))
 
 
 def test_configs_differ_in_every_shape_parameter():

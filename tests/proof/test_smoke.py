@@ -6,26 +6,15 @@ that printed `ok` over a weak run (too few prompts, no acceptance, a mode missin
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 pytestmark = pytest.mark.build
 
 
 @pytest.fixture(scope="module")
-def report(patched_tree, llama_build, tmp_path_factory):
-    work = tmp_path_factory.mktemp("smoke")
-    proc = subprocess.run([sys.executable, "-m", "llamacpp_mla_port", "smoke", "--no-build",
-                           "--tree", str(patched_tree), "--build", str(llama_build),
-                           "--work", str(work)],
-                          capture_output=True, text=True, env=dict(os.environ))
-    sys.stderr.write(proc.stderr[-6000:])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+def report(smoke_run):
+    """`llamacpp-mla-port smoke --no-build` on the patched build (tests/conftest.py: once per session)."""
+    return smoke_run.report
 
 
 def test_smoke_passes_every_stage(report):
