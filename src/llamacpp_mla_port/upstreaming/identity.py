@@ -6,7 +6,7 @@ the diff between the two trees before the commit (upstream's change as the commi
 against the diff between the two trees after it. A region where they differ is where the
 commit's effect changed: its hunk landed elsewhere (its anchor moved with text around it, or
 another copy of it matched), or upstream's change went under it. The diffs are `git diff -U0`
-of the rendered commits (gitutil, parsed with unidiff), compared as multisets of their
+of the rendered commits (process.git, parsed with unidiff), compared as multisets of their
 non-blank `-` and `+` lines, so a hunk split or a blank line slid differently is no difference.
 
 It does not see a change upstream made in its own words next to ours (there the two diffs
