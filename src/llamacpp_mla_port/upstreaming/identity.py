@@ -57,7 +57,7 @@ def _diff(repo, old: str, new: str, paths: list[str]) -> dict[str, list[_Line]]:
     if old == new or not paths:
         return {}
     text = git.run(repo, "diff", "--no-color", "--no-renames", "--no-ext-diff", "-U0",
-                   old, new, "--", *paths, strip_newline_in_stdout=False)
+                   old, new, "--", *paths, text=False).decode("utf-8", "surrogateescape")
     out: dict[str, list[_Line]] = {}
     for pf in unidiff.PatchSet(text):
         path = pf.target_file[2:] if pf.target_file.startswith("b/") else pf.source_file[2:]
