@@ -2,7 +2,9 @@
 
 - a subject is `<module> : <title>`, at most 72 characters, with ONE module prefix;
 - a body is short (at most BODY_LINES lines);
-- every comment the series adds to C/C++ or Python is at most 2 lines;
+- every comment the series adds to C/C++ or Python is at most 2 lines, and never split
+  mid-sentence: in a block of consecutive comment lines every line but the last ends a
+  sentence or clause (`.`, `:`, `;`, `!` or `?`, optionally before a closing parenthesis);
 - every added line is ASCII (no em dashes, arrows, multiplication signs).
 `findings(patch_text)` checks one format-patch file; tests/series/test_stacks.py keeps patches/
 and every PR stack clean, and `make pr` reports the same per commit.
@@ -24,6 +26,8 @@ COMMENT_LINES = 2
 _SECOND_PREFIX = re.compile(r"^[A-Za-z0-9_.+/-]+ ?: ")
 _C_EXT = (".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh", ".m", ".metal")
 _PY_EXT = (".py",)
+#: the end of a sentence or clause, optionally before a closing parenthesis
+_CLAUSE_END = re.compile(r"[.:;!?]\)?$")
 
 
 @dataclass(frozen=True)
@@ -73,28 +77,52 @@ def _comment(path: str, text: str) -> bool:
     if path.endswith(_C_EXT):
         if s.startswith("/*") and "*/" in s:     # `/* .name = */ value,`: code after it
             return not s[s.index("*/") + 2:].strip()
-        return s.startswith(("//", "/*", "*")) and not s.startswith("*/") or (s.endswith("*/") and "/*" not in s)
+        # a block comment's inner lines start with "* " (a line like `*out = x;` is code)
+        return s.startswith(("//", "/*", "* ")) or s == "*" or (s.endswith("*/") and "/*" not in s)
     if path.endswith(_PY_EXT):
         return s.startswith("#")
     return False
 
 
+def _comment_words(path: str, text: str) -> str:
+    """The words of a comment line, without its markers (`//`, `#`, `/*`, `*/`, a leading `*`)."""
+    s = text.strip()
+    if path.endswith(_PY_EXT):
+        return s.lstrip("#").strip()
+    return s.removeprefix("//").removeprefix("/*").removesuffix("*/").strip().removeprefix("*").strip()
+
+
+def split_findings(path: str, block: list[tuple[int, str]]) -> list[StyleFinding]:
+    """A comment block split mid-sentence: a line before the last that does not end a sentence
+    or clause (AGENTS.md: comments are never hard-wrapped mid-sentence)."""
+    out = []
+    for line_no, text in block[:-1]:
+        words = _comment_words(path, text)
+        if words and not _CLAUSE_END.search(words):
+            out.append(StyleFinding(f"{path}:{line_no}", "split",
+                                    f"comment split mid-sentence (end the line with . : ; ! or ?, "
+                                    f"or make it one line): {text.strip()}"))
+    return out
+
+
 def added_line_findings(patch_text: str) -> list[StyleFinding]:
-    """Comment blocks longer than COMMENT_LINES and non-ASCII text among added lines."""
+    """Comment blocks longer than COMMENT_LINES or split mid-sentence, and non-ASCII text,
+    among added lines."""
     out = []
     for f in unidiff.PatchSet(patch_text):
         for hunk in f:
-            run: list[int] = []
+            run: list[tuple[int, str]] = []
 
             def close() -> None:
                 if len(run) > COMMENT_LINES:
-                    out.append(StyleFinding(f"{f.path}:{run[0]}", "comment",
+                    out.append(StyleFinding(f"{f.path}:{run[0][0]}", "comment",
                                             f"{len(run)}-line comment (at most {COMMENT_LINES})"))
+                out.extend(split_findings(f.path, run))
                 run.clear()
 
             for line in hunk:
                 if line.is_added and _comment(f.path, line.value):
-                    run.append(line.target_line_no)
+                    run.append((line.target_line_no, line.value))
                     continue
                 close()
                 if line.is_added and not line.value.isascii():
