@@ -2,10 +2,11 @@
 draft paired with a qwen3 target and an MLA draft paired with a kimi-k3 target, and checks that
 a draft tapping a missing target layer, or with an odd rope width, is refused; it runs EAGLE3
 drafts of several layouts paired with their targets, as the base runs them.
+It reads every layer input of a kimi-k3 model, as a draft paired with it does.
 test-rpc-multi-server.sh kills a server under a client, whose next graph_compute must fail
 with a line naming it. test-backend-ops checks flash attention over heads that share a K/V head.
 
-The slow cases are the regression evidence of the two fixes: each PR's test commit alone on
+The slow cases are the regression evidence of the fixes: each PR's test commit alone on
 the pin (without its fix), built with warnings as errors, must fail.
 """
 
@@ -32,6 +33,7 @@ from llamacpp_mla_port.source import obtain
 REPO = Path(__file__).resolve().parents[2]
 TEST_COMMIT = "09-tests-dflash-pair-archs"
 RPC_TEST_COMMIT = "06-tests-rpc-lost-server"
+TAPS_STACK, TAPS_TEST_COMMIT = "kimi-k3-layer-inputs", "24-tests-kimi-k3-layer-inputs"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -130,6 +132,37 @@ def test_pair_check_test_fails_without_its_fixes(pin, sdist_tarball, tmp_path):
     assert re.search(r"dflash\|[^|]+\|\s*Qwen3\|\s*FAIL \(pair\)", text), text[-3000:]
     assert "a draft tapping target layer 2 of 2 was not refused" in text, text[-3000:]
     assert "a draft with rope.dimension_count = 3 was not refused" in text, text[-3000:]
+
+
+@pytest.mark.build
+def test_kimi_k3_layer_inputs_are_read_in_test_llama_archs(llama_build):
+    """test-llama-archs asks a kimi-k3 model for every layer's input after a decode, as a DFlash,
+    DSpark or EAGLE3 draft paired with it does, and finds them finite."""
+    rc, text = _run_archs(llama_build, 1, "kimi-k3")
+    assert rc == 0, text[-3000:]
+    assert _cpu_rows(text, "kimi-k3") == {"MoE": "OK"}, text[-3000:]
+    assert "Summary: all 1 test(s) passed" in text, text[-2000:]
+
+
+@pytest.mark.slow
+def test_kimi_k3_layer_inputs_test_fails_without_its_fix(pin, sdist_tarball, tmp_path):
+    """The kimi-k3-layer-inputs PR on the pin, built with warnings as errors: its test commit alone
+    aborts in set_outputs (the base's GGML_ASSERT); the stack alone (fix + test) passes. No other
+    stack is involved: the test uses upstream's harness only."""
+    stack = load_series(REPO / "templates").stack(TAPS_STACK)
+    assert stack.commits[-1] == TAPS_TEST_COMMIT and stack.depends == ()
+    runs = {}
+    for label, commits in (("test-alone", (TAPS_TEST_COMMIT,)), ("stack", stack.commits)):
+        tree = _tree_with(commits, pin, sdist_tarball, tmp_path / label / "llama.cpp")
+        build_dir = build_mod.ensure_build(tree, tmp_path / label / "build", ("test-llama-archs",), PR_CMAKE_ARGS,
+                                           rpc=False)
+        runs[label] = _run_archs(Path(build_dir), 1, "kimi-k3")
+        print(f"{label}: test-llama-archs -a kimi-k3 exit status {runs[label][0]}")
+    rc, text = runs["test-alone"]
+    assert rc == -signal.SIGABRT, text[-3000:]
+    assert "layer input tensor is null" in text, text[-3000:]
+    rc, text = runs["stack"]
+    assert rc == 0 and _cpu_rows(text, "kimi-k3") == {"MoE": "OK"}, text[-3000:]
 
 
 def _run_multi_server(tree: Path, build_dir: Path) -> subprocess.CompletedProcess:

@@ -101,25 +101,33 @@ def test_plan_lists_the_stacks_in_order_with_what_to_open(tmp_path):
 
 
 def test_the_ports_plan_follows_the_review():
-    """templates/port.toml: the rpc stack is a comment on #26724, the feature stacks start with
-    an issue, and the overlaps the review names are there; the plan keys stay out of patches/."""
+    """templates/port.toml: Kimi-K3's crash fix is the first PR, the rpc stack is a comment on
+    #26724, the feature stacks start with an issue, and the overlaps the review names are there;
+    the plan keys stay out of patches/."""
     series = load_series(REPO / "templates")
     rpc = series.stack("rpc")
     assert rpc.upstream == "comment" and rpc.comment_on == 26724
-    assert [st.name for st in series.in_order()][0] == "rpc"
+    assert [st.name for st in series.in_order()][:2] == ["kimi-k3-layer-inputs", "rpc"]
     assert series.stack("pair-check").issue_first and series.stack("mla-draft").issue_first
     refs = {st.name: {o.ref for o in st.overlaps} for st in series.stacks}
     assert "#26724" in refs["rpc"] and "#27478" in refs["cpu-fa-kv-head-tiles"]
     assert "#18099" in refs["loader-probe"]
     assert "cpu-gemv-tiles" not in refs       # it reversed #9330: out of the series, not offered
-    # every PR stands alone on the base; the Kimi-K3 layer inputs are offered as a first step
-    assert all(not st.depends for st in series.stacks)
-    assert series.stack("mla-draft").first_step[0] == "22-model-kimi-k3-layer-inputs"
+    # every PR stands alone on the base but mla-draft, based on the Kimi-K3 crash fix (its test's target)
+    assert {st.name: st.depends for st in series.stacks if st.depends} == {"mla-draft": ("kimi-k3-layer-inputs",)}
+    taps = series.stack("kimi-k3-layer-inputs")
+    assert taps.commits == ("22-model-kimi-k3-layer-inputs", "24-tests-kimi-k3-layer-inputs")
+    assert not taps.issue_first and taps.first_step is None
     plan_text = plan.plan_markdown(series, {})
-    assert "a first step that can go alone, before the rest: series/22-model-kimi-k3-layer-inputs" in plan_text
+    assert plan_text.index("## 1. kimi-k3-layer-inputs: a PR") < plan_text.index("## 2. rpc: a comment on #26724")
+    assert "- based on: kimi-k3-layer-inputs (open it once that has merged)" in plan_text
     facts = " ".join(series.stack("mla-draft").issue_facts)
     for fact in ("five Multi-head Latent Attention layers", "Markov head", "confidence head",
-                 "7 tokens per pass", "vLLM", "SGLang", "TensorRT-LLM"):
+                 "7 tokens per pass", "vLLM", "SGLang", "TensorRT-LLM",
+                 # the external engines that agree, and those that differ with the reason
+                 "dspark_mla.py", "ATOM", "tokenspeed", "vllm-ascend", "_oracle_mla_block_decode",
+                 "SGLang #35901", "192^-0.5", "attn_res mixture", "own embed_tokens",
+                 "copied from deepseek2.cpp", "num_speculative_tokens"):
         assert fact in facts, fact
     patches = "".join(p.read_text() for p in (REPO / "patches").glob("*.patch"))
     assert all(o.relation not in patches for st in series.stacks for o in st.overlaps)
@@ -303,9 +311,9 @@ def _edit(templates: Path, old: str, new: str) -> None:
      r"\[stacks.rpc\] comment_on = None(.|\n)*names the upstream PR it comments on"),
     ("[stacks.pair-check]\n", "[stacks.pair-check]\ncomment_on = 1\n",
      r"\[stacks.pair-check\] comment_on = 1(.|\n)*only a stack with upstream = .comment."),
-    ("order = 4\n", "order = 3\n", r"\[stacks.cpu-fa-kv-head-tiles\] order = 3 is also \[stacks.cpu-q0-odd-columns\]"),
-    ("order = 6\n", "order = 0\n", r"\[stacks.mla-draft\] order = 0(.|\n)*a whole number from 1"),
-    ("order = 4\n", "order = 4\nissue_first = 1\n",
+    ("order = 4\n", "order = 3\n", r"\[stacks.cpu-fa-kv-head-tiles\] order = 3 is also \[stacks.loader-probe\]"),
+    ("order = 7\n", "order = 0\n", r"\[stacks.mla-draft\] order = 0(.|\n)*a whole number from 1"),
+    ("order = 5\n", "order = 5\nissue_first = 1\n",
      r"\[stacks.cpu-q0-odd-columns\] issue_first = 1(.|\n)*true or false"),
     ('{ref = "#27478",', '{ref = "27478",', r"\[stacks.cpu-fa-kv-head-tiles\] overlaps = (.|\n)*ref an upstream"),
     ("[stacks.rpc]\n", "[stacks.rpc]\nissue_first = true\n", r"\[stacks.rpc\] issue_first = True(.|\n)*needs no issue"),
@@ -317,12 +325,11 @@ def test_bad_plan_keys_are_refused_naming_the_stack_and_the_key(templates, old, 
 
 
 def test_a_stack_opens_after_what_it_is_based_on(templates):
-    _edit(templates, 'title = "model : add an MLA backbone to the DFlash draft"\n',
-          'title = "model : add an MLA backbone to the DFlash draft"\ndepends = ["pair-check"]\n')
-    _edit(templates, "order = 6\n", "order = 8\n")       # mla-draft after pair-check: fine
-    assert load_series(templates).stack("mla-draft").order == 8
-    _edit(templates, "order = 5\n", "order = 9\n")       # pair-check after mla-draft: refused
-    with pytest.raises(PortDescriptionError, match=r"\[stacks.mla-draft\] order = 8 comes before pair-check"):
+    _edit(templates, 'depends = ["kimi-k3-layer-inputs"]\n', 'depends = ["kimi-k3-layer-inputs", "pair-check"]\n')
+    _edit(templates, "order = 7\n", "order = 9\n")       # mla-draft after pair-check: fine
+    assert load_series(templates).stack("mla-draft").order == 9
+    _edit(templates, "order = 6\n", "order = 10\n")      # pair-check after mla-draft: refused
+    with pytest.raises(PortDescriptionError, match=r"\[stacks.mla-draft\] order = 9 comes before pair-check"):
         load_series(templates)
 
 
@@ -336,13 +343,13 @@ def test_without_order_keys_the_port_toml_order_is_the_plan(templates):
 
 
 def test_a_stack_without_order_comes_after_the_ordered_ones(templates):
-    _edit(templates, "order = 4\n", "")                  # cpu-q0-odd-columns
+    _edit(templates, "order = 4\n", "")                  # cpu-fa-kv-head-tiles
     port = templates / "port.toml"
     port.write_text(port.read_text() + '\n[stacks.new-one]\ntitle = "ggml-cpu : a demo"\n')
     toml = templates / "series" / "20-graph-k-only-mask-check" / "commit.toml"
     toml.write_text(toml.read_text().replace('stack = "mla-draft"', 'stack = "new-one"'))
     names = [st.name for st in load_series(templates).in_order()]
-    assert names[-2:] == ["cpu-q0-odd-columns", "new-one"] and names[0] == "rpc"
+    assert names[-2:] == ["cpu-fa-kv-head-tiles", "new-one"] and names[0] == "kimi-k3-layer-inputs"
 
 
 # ------------------------------------------------------------------------------ in make pr
