@@ -167,48 +167,36 @@ def test_wrong_inputs_change_the_logits(patched_tree, llama_build, target, targe
     assert parity.compare(got, shifted)["nmse_base_logits"] > 1e-6
 
 
-def test_kept_draft_embeddings_do_not_become_the_lm_head(patched_tree, llama_build, target, target_dims,
-                                                         tmp_path):
-    """Defect 7: a draft converted with --keep-draft-embeddings (its table differing from the
-    target's) embeds the block with its own table, but its logits still come from the TARGET's
-    untied lm_head; tying the head to the kept table would move them far away."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    from llamacpp_mla_port.fixtures.checkpoint import write_target_tokenizer_dir
-    from llamacpp_mla_port.proof.run.convert import convert_checkpoint
-    from llamacpp_mla_port.proof.reference.model import read_checkpoint
-
+def test_kq_scale_follows_deepseek2_at_two_yarn_attn_factors(patched_tree, llama_build, target, target_dims,
+                                                             tmp_path):
+    """The draft's kq_scale is deepseek2.cpp's, attn_factor_org included: at --yarn-attn-factor 0.8
+    and 1.25 the logits match the reference that scales cos/sin by the factor and the attention
+    by its square (deepseek2's formula), and not the one that leaves it out of kq_scale (the
+    series before, and HF's/vLLM's convention). A draft without YaRN: with YaRN, llama_context
+    overrides the flag for every model."""
+    import dataclasses
     hidden, vocab = target_dims
-    pcfg = parity.PARITY_CONFIGS[0]
-    config = parity.hf_config(pcfg, hidden, vocab)
-    ckpt = parity.write_parity_checkpoint(tmp_path / "ckpt", config, seed=3, dtype="float32")
-    tensors = load_file(str(ckpt / "model.safetensors"))
-    own = torch.from_numpy(np.random.default_rng(11).normal(size=(vocab, hidden)).astype(np.float32))
-    tensors["embed_tokens.weight"] = own
-    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
-    tok = write_target_tokenizer_dir(tmp_path / "tok", config)
-    draft = convert_checkpoint(patched_tree, ckpt, tmp_path / "kept.gguf", tok,
-                               extra_args=["--outtype", "f32", "--keep-draft-embeddings",
-                                           "--draft-block-size", str(pcfg.block_size)])
-    cfg, weights = read_checkpoint(ckpt)
-    target_embd, target_head = read_target_head(target)
-    own64 = own.numpy().astype(np.float64)
-    assert np.abs(own64 - target_embd).max() > 0.5          # the two tables really differ
+    base = parity.PARITY_CONFIGS[0]
+    pcfg = dataclasses.replace(base, name="no-yarn", overrides={**base.overrides, "rope_parameters": None})
+    ckpt, draft = parity.make_draft(patched_tree, tmp_path / "drafts", pcfg, hidden, vocab, "float32")
+    ref = DraftReference.load(ckpt, target)
+    assert not ref.config.rope.yarn
     binary = compile_program("draft-logits", patched_tree, llama_build)
-    rng = np.random.default_rng(7)
-    feats = rng.normal(size=(12, cfg["num_target_layers"] * hidden)).astype(np.float32)
-    ids = [5] + [cfg["mask_token_id"]] * (pcfg.block_size - 1)
-    got = run_draft_logits(binary, draft, target, feats, ids, tmp_path / "run", ctx_pos0=40,
-                           cache_type="f32")
-    positions = 40 + np.arange(12)
-    right = DraftReference(cfg, weights, own64, target_head)          # own table in, target head out
-    tied = DraftReference(cfg, weights, own64, own64)                 # the tied-head trap
-    want = right.forward(feats.astype(np.float64), ids, ctx_positions=positions, chain=got.chain)
-    trap = tied.forward(feats.astype(np.float64), ids, ctx_positions=positions, chain=got.chain)
-    assert parity.nmse(got.biased_logits, want.biased_logits) < 1e-9
-    assert parity.nmse(got.biased_logits, trap.biased_logits) > 1e-2
-    # and the kept table is the one that embeds the block (the target's would differ)
-    other = DraftReference(cfg, weights, target_embd, target_head).forward(
-        feats.astype(np.float64), ids, ctx_positions=positions, chain=got.chain)
-    assert parity.nmse(got.biased_logits, other.biased_logits) > 1e-6
+    rng = np.random.default_rng(3)
+    feats = rng.normal(size=(16, ref.config.n_taps * hidden)).astype(np.float32)
+    ids = [5] + [ref.config.mask_token_id] * (pcfg.block_size - 1)
+    positions = 30 + np.arange(16)
+    seen = {}
+    for factor in (0.8, 1.25):
+        got = run_draft_logits(binary, draft, target, feats, ids, tmp_path / f"run-{factor}", ctx_pos0=30,
+                               cache_type="f32", yarn_attn_factor=factor)
+        scaled = ref.variant(attn_factor=factor)
+        want = scaled.forward(feats.astype(np.float64), ids, ctx_positions=positions, chain=got.chain)
+        # deepseek2's kq_scale is attn_factor^2 / sqrt(d) here; without attn_factor it is 1 / sqrt(d)
+        without = scaled.forward(feats.astype(np.float64), ids, ctx_positions=positions, chain=got.chain,
+                                 kq_scale_factor=factor ** -2)
+        seen[factor] = (parity.nmse(got.base_logits, want.base_logits),
+                        parity.nmse(got.base_logits, without.base_logits))
+        assert seen[factor][0] < 1e-9, seen
+        assert seen[factor][1] > 1e-6, seen
+    print("\nNMSE against (deepseek2's kq_scale, kq_scale without attn_factor) per --yarn-attn-factor:", seen)

@@ -142,8 +142,9 @@ def write_parity_checkpoint(out_dir: Path, config: dict, seed: int, dtype: str) 
 
 
 def hf_config(pcfg: ParityConfig, hidden: int, vocab: int) -> dict:
+    """The config.json of a parity draft: its block size in the config, where the converter reads it."""
     from llamacpp_mla_port.fixtures.checkpoint import k3_dspark_config
-    return k3_dspark_config(hidden_size=hidden, vocab_size=vocab, **pcfg.overrides)
+    return k3_dspark_config(hidden_size=hidden, vocab_size=vocab, block_size=pcfg.block_size, **pcfg.overrides)
 
 
 def make_draft(tree: Path, work: Path, pcfg: ParityConfig, hidden: int, vocab: int, weights: str,
@@ -159,8 +160,7 @@ def make_draft(tree: Path, work: Path, pcfg: ParityConfig, hidden: int, vocab: i
     config = hf_config(pcfg, hidden, vocab)
     write_parity_checkpoint(ckpt, config, seed=seed, dtype=weights)
     write_target_tokenizer_dir(tok, config, seed=seed)
-    convert_checkpoint(tree, ckpt, gguf_path, tok,
-                       extra_args=["--outtype", _OUTTYPE[weights], "--draft-block-size", str(pcfg.block_size)])
+    convert_checkpoint(tree, ckpt, gguf_path, tok, extra_args=["--outtype", _OUTTYPE[weights]])
     return ckpt, gguf_path
 
 

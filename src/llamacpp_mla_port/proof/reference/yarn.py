@@ -16,6 +16,11 @@ DeepSeek-YaRN (the flavour this draft uses):
                             (1.0 for the real config: the cos/sin are NOT scaled)
   * attention scale         (nope + rope) ** -0.5 * get_mscale(factor, mscale_all_dim) ** 2
   with get_mscale(s, m) = 1 if s <= 1 else 0.1 * m * ln(s) + 1.
+
+`attn_factor` (1.0 unless a run sets it) is llama.cpp's attention factor as deepseek2.cpp
+applies it (`attn_factor_org`: --yarn-attn-factor, rope.scaling.attn_factor): it multiplies
+the cos/sin magnitude and, squared, the attention scale. No published config sets one; HF and
+vLLM would apply theirs to cos/sin only.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class RopeConfig:
     mscale: float = 1.0
     mscale_all_dim: float = 0.0
     style: str = "interleaved"    # "neox" only for controls: the draft is interleaved
+    attn_factor: float = 1.0      # llama.cpp's attention factor (module doc); 1.0 in every config
 
     @classmethod
     def from_hf_config(cls, config: dict) -> "RopeConfig":
@@ -97,13 +103,14 @@ def inv_freq(rope: RopeConfig) -> np.ndarray:
 
 def cos_sin_magnitude(rope: RopeConfig) -> float:
     if not rope.yarn:
-        return 1.0
-    return get_mscale(rope.factor, rope.mscale) / get_mscale(rope.factor, rope.mscale_all_dim)
+        return rope.attn_factor
+    return rope.attn_factor * get_mscale(rope.factor, rope.mscale) / get_mscale(rope.factor, rope.mscale_all_dim)
 
 
 def attention_scale(rope: RopeConfig, qk_head_dim: int) -> float:
-    """Softmax scale of the draft's attention: qk_head_dim^-1/2, times mscale^2 under YaRN."""
-    scale = qk_head_dim ** -0.5
+    """Softmax scale of the draft's attention: qk_head_dim^-1/2, times mscale^2 under YaRN, times
+    attn_factor^2 (deepseek2.cpp's kq_scale)."""
+    scale = qk_head_dim ** -0.5 * rope.attn_factor ** 2
     if rope.yarn and rope.mscale_all_dim:
         m = get_mscale(rope.factor, rope.mscale_all_dim)
         scale *= m * m

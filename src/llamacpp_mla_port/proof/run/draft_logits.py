@@ -61,12 +61,14 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
                      flash_attn: bool = False, cache_type: str = "f16", threads: int = 2,
                      timeout: float = 600, rpc: str | None = None, draft_devices: str | None = None,
                      target_devices: str | None = None, env: dict | None = None,
-                     dump: list[str] | tuple[str, ...] = (), base_logits: bool = True) -> DraftLogits:
+                     dump: list[str] | tuple[str, ...] = (), base_logits: bool = True,
+                     yarn_attn_factor: float | None = None) -> DraftLogits:
     """Run the compiled draft-logits program; features may be an array (saved next to the outputs).
 
     rpc ("host:port,...") registers llama.cpp RPC servers; draft_devices / target_devices
     ("RPC0,RPC1", llama.cpp's device names) place each model's layers there (default: CPU).
-    `dump` names graph tensors to copy out (DraftLogits.dumps).
+    `dump` names graph tensors to copy out (DraftLogits.dumps). `yarn_attn_factor` is the draft
+    context's (llama.cpp's --yarn-attn-factor; None: the model's).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -87,6 +89,8 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
             cmd += [flag, value]
     if dump:
         cmd += ["--dump", ",".join(dump)]
+    if yarn_attn_factor is not None:
+        cmd += ["--yarn-attn-factor", repr(float(yarn_attn_factor))]
     if not base_logits:
         cmd.append("--no-base-logits")
         (out_dir / "base_logits.npy").unlink(missing_ok=True)     # no stale file from an earlier run

@@ -54,6 +54,7 @@ struct args_t {
     int32_t ctx_pos0   = 0;
     int32_t block_pos0 = -1;
     int32_t threads    = 2;
+    float   yarn_attn_factor = -1.0f;   // llama.cpp's default: negative = the model's
     std::string flash_attn = "off";
     std::string cache_type = "f16";
     std::string rpc, draft_devices, target_devices;
@@ -66,6 +67,7 @@ static void usage() {
         "usage: draft-logits --draft D.gguf --target T.gguf --features F.npy --tokens IDS --out DIR\n"
         "                    [--ctx-pos0 N] [--block-pos0 N] [--flash-attn on|off] [--cache-type f16|f32|bf16|q8_0]\n"
         "                    [--dump tensor-name,...] [--threads N] [--no-base-logits] [--verbose]\n"
+        "                    [--yarn-attn-factor F]   (the draft context's, as llama-server's --yarn-attn-factor)\n"
         "                    [--rpc HOST:PORT,...] [--draft-devices DEV,...] [--target-devices DEV,...]\n"
         "  F.npy: [C, taps * target_n_embd] float32/float64 target features for positions ctx-pos0 .. ctx-pos0+C-1\n"
         "  IDS:   comma-separated token ids or an int .npy: the block [anchor, MASK, ...] at block-pos0 (default ctx-pos0+C)\n");
@@ -90,6 +92,7 @@ static args_t parse_args(int argc, char ** argv) {
         else if (k == "--ctx-pos0")   a.ctx_pos0 = std::stoi(val());
         else if (k == "--block-pos0") a.block_pos0 = std::stoi(val());
         else if (k == "--threads")    a.threads = std::stoi(val());
+        else if (k == "--yarn-attn-factor") a.yarn_attn_factor = std::stof(val());
         else if (k == "--flash-attn") a.flash_attn = val();
         else if (k == "--cache-type") a.cache_type = val();
         else if (k == "--rpc")        a.rpc = val();
@@ -314,6 +317,7 @@ static int run(int argc, char ** argv) {
     cp.pooling_type    = LLAMA_POOLING_TYPE_NONE;
     cp.embeddings      = false;
     cp.ctx_other       = ctx_tgt;
+    cp.yarn_attn_factor = args.yarn_attn_factor;
     dump_state dumps;
     for (const auto & name : split_names(args.dump)) {
         dumps.names.insert(name);
