@@ -324,12 +324,6 @@ def check_rope(ctx: Context) -> Iterable[Finding]:
     elif stype not in ("none", "linear"):
         warnings.append(f"rope.scaling.type = {stype!r}, expected 'yarn'")
     k_mla = hp["attention.key_length_mla"]
-    scale = _num(d, key("attention.scale"))
-    if scale is not None and k_mla is not None and k_mla > 0:
-        want = m * m / math.sqrt(k_mla)
-        if abs(scale - want) > 1e-3 * want:
-            problems.append(f"attention.scale = {scale:.7g}, the runtime computes {want:.7g} "
-                            f"(mscale {m:.7g}^2 / sqrt({k_mla})) and refuses the file")
     style = ("INTERLEAVED pairs (LLAMA_ROPE_TYPE_NORM): the patched runtime selects it for the MLA "
              "backbone, no key in the file; an unpatched dflash uses NeoX (measured NMSE 0.37, no error)")
     ev = (f"type {stype}, factor {factor}, original ctx {orig}, log multiplier {logmul}, "
@@ -342,6 +336,27 @@ def check_rope(ctx: Context) -> Iterable[Finding]:
                       "check the config.json revision the file was converted from")
     else:
         yield Finding("rope", OK, "DeepSeek-YaRN keys present", ev)
+
+
+#: the scales the Qwen3-style DFlash graph applies and the MLA graph does not: the loader
+#: refuses an MLA draft that sets one (dflash.cpp, dflash_load_mla_hparams)
+MLA_REFUSED_SCALES = ("embedding_scale", "attention.scale", "attention.value_scale")
+
+
+def check_scales(ctx: Context) -> Iterable[Finding]:
+    if ctx.layout != "mla":
+        return
+    d = ctx.draft
+    found = [(k, v) for k in MLA_REFUSED_SCALES if (v := _num(d, key(k))) not in (None, 0.0)]
+    if found:
+        yield Finding("scales", ERROR, f"{key(found[0][0])} = {found[0][1]:.7g}: llama.cpp refuses the file",
+                      "the MLA graph applies no embedding, attention or attention-value scale (its attention "
+                      "scale comes from the YaRN keys and the context's attn_factor, as deepseek2's); set: "
+                      + ", ".join(f"{key(k)} = {v:.7g}" for k, v in found),
+                      "remove the key(s): reconvert with this port's converter, which writes none")
+        return
+    yield Finding("scales", OK, "no embedding, attention or attention-value scale",
+                  "none is applied by the MLA graph, and the loader refuses a file that sets one")
 
 
 def check_embeddings(ctx: Context) -> Iterable[Finding]:
@@ -365,16 +380,10 @@ def check_tied_head(ctx: Context) -> Iterable[Finding]:
         return
     ts = ctx.draft.tensors
     if "token_embd.weight" in ts and "output.weight" not in ts:
-        if ctx.layout == "qwen3":
-            yield Finding("tied_head", WARNING, "tied-head trap: token_embd kept, no output",
-                          "upstream dflash ties the missing output head to token_embd; Kimi-K3's "
-                          "lm_head is untied, so the draft would score with the embedding matrix",
-                          "strip token_embd (the target's head and table are used) or add output.weight")
-        else:
-            yield Finding("tied_head", OK, "token_embd kept, no output: not tied in the MLA path",
-                          "this port's MLA path takes the lm_head from the target and uses token_embd "
-                          "for the block embeddings only; other runtimes or forks that tie a missing "
-                          "head would score with the embedding matrix")
+        yield Finding("tied_head", WARNING, "tied-head trap: token_embd kept, no output",
+                      "upstream dflash ties the missing output head to token_embd (the MLA path too); "
+                      "Kimi-K3's lm_head is untied, so the draft would score with the embedding matrix",
+                      "strip token_embd (the target's head and table are used) or add output.weight")
     elif "output.weight" in ts:
         yield Finding("tied_head", OK, "draft ships its own output head",
                       "output.weight is used instead of the target's lm_head")
@@ -445,6 +454,7 @@ CHECKS: list[tuple[str, Callable[[Context], Iterable[Finding]]]] = [
     ("block_size", check_block_size),
     ("mask_token", check_mask_token),
     ("rope", check_rope),
+    ("scales", check_scales),
     ("embeddings", check_embeddings),
     ("tied_head", check_tied_head),
     ("tokenizer", check_tokenizer),
