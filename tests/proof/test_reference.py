@@ -396,3 +396,18 @@ def test_feeding_the_reference_its_own_taps_changes_nothing():
     assert nmse(refed.extras["stages"]["attn-1"], out.extras["stages"]["attn-1"]) > 1e-8
     with pytest.raises(ProofError, match="ffn_inp-1"):
         ref.forward(feats, ids, feed={k: v for k, v in taps.items() if k != "ffn_inp-1"})
+
+
+def test_attn_factor_scales_cos_sin_and_the_attention_scale_squared():
+    """llama.cpp's attention factor as deepseek2.cpp applies it (yarn.py): cos/sin times the factor,
+    the softmax scale times its square, under YaRN and without; 1.0 changes nothing."""
+    RopeConfig, attention_scale, cos_sin_magnitude = yarn.RopeConfig, yarn.attention_scale, yarn.cos_sin_magnitude
+    for rope in (RopeConfig(dim=64, theta=5e4),
+                 RopeConfig(dim=64, theta=5e4, yarn=True, factor=32.0, original_context=4096, mscale_all_dim=0.707)):
+        scaled = dataclasses.replace(rope, attn_factor=1.3)
+        assert attention_scale(scaled, 192) == pytest.approx(1.69 * attention_scale(rope, 192), rel=1e-12)
+        assert cos_sin_magnitude(scaled) == pytest.approx(1.3 * cos_sin_magnitude(rope), rel=1e-12)
+        assert attention_scale(dataclasses.replace(rope, attn_factor=1.0), 192) == attention_scale(rope, 192)
+    # the real config: 0.1308608 with attn_factor 1 (RUNBOOK 3.2, vLLM's mla.py)
+    real = RopeConfig(dim=64, theta=5e4, yarn=True, factor=32.0, original_context=32768, mscale_all_dim=1.0)
+    assert attention_scale(real, 192) == pytest.approx(0.1308608, rel=1e-6)
