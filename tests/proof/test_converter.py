@@ -636,10 +636,11 @@ def base_converter(tmp_path_factory, pin, sdist_tarball) -> Path:
     """The pinned base's converter (convert_hf_to_gguf.py, conversion/, gguf-py), exported with git."""
     import io
     import tarfile
+    from llamacpp_mla_port.process import git
     from llamacpp_mla_port.source import obtain
     base = obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
-    data = obtain.cache_repo().git.archive(base.sha, "convert_hf_to_gguf.py", "conversion", "gguf-py",
-                                           stdout_as_string=False)
+    data = git.run(obtain.cache_repo(), "archive", "--format=tar", base.sha, "convert_hf_to_gguf.py", "conversion",
+                   "gguf-py", text=False)
     dest = tmp_path_factory.mktemp("base-converter")
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
