@@ -322,20 +322,20 @@ def test_long_comments_and_non_ascii_added_lines_are_found():
 
 def test_the_mla_draft_pr_brings_its_own_pairing_and_the_series_shares_one(base, pin, tmp_path):
     """mla-draft alone carries 09's pairing code for its MLA case (with_commit / without_commit),
-    without pair-check's refusals and EAGLE3 cases; in the series it extends 09's cases."""
+    without pair-check's check, refusals and EAGLE3 cases; in the series it extends 09's cases."""
     from llamacpp_mla_port.process import git
     repo = upstream.cache_repo()
     series = load_series(TEMPLATES_DIR)
     rs = stacks.render_stack(repo, series, series.stack("mla-draft"), base.sha, pin.tag, {"pin": pin})
     alone = git.read_blob(repo, rs.head, "tests/test-llama-archs.cpp").decode()
-    assert '{ "MLA", LLM_ARCH_KIMI_K3, true, 2, true }' in alone and "get_logits_dflash_pair(" in alone
-    for absent in ("check_dflash_pair_refused", "eagle3_cases", '"Qwen3", LLM_ARCH_QWEN3'):
+    assert '{ "MLA",               LLM_ARCH_DFLASH, LLM_ARCH_KIMI_K3,' in alone and "get_logits_pair(" in alone
+    for absent in ("common_speculative_check_draft", "LLM_ARCH_EAGLE3, LLM_ARCH_QWEN", '{ "Qwen3",'):
         assert absent not in alone, absent
     message = git.run(repo, "log", "-1", "--format=%B", rs.shas[series.stack("mla-draft").commits.index(
         "23-tests-dflash-mla-archs")])
     assert "test-llama-archs skipped LLM_ARCH_DFLASH" in message
     patch = next((PATCHES_DIR).glob("*-tests-run-an-MLA-DFlash-draft-in-test-llama-archs.patch")).read_text()
-    assert "to the" in patch and "DFlash cases" in patch and "skipped LLM_ARCH_DFLASH" not in patch
+    assert "to the" in patch and "pair cases" in patch and "skipped LLM_ARCH_DFLASH" not in patch
 
 
 def test_a_change_for_one_form_names_an_earlier_commit(tmp_path):

@@ -86,7 +86,7 @@ def test_the_real_stacks_render_one_section_per_hunk():
     stack = load_series(REPO / "templates").stack("pair-check")
     patches = sorted((REPO / "patches").glob("000[345]-*.patch"))
     commits = [walkthrough.parse_patch(p.read_text()) for p in patches]
-    assert [c.subject.split(" :")[0] for c in commits] == ["context", "model", "tests"]
+    assert [c.subject.split(" :")[0] for c in commits] == ["speculative", "model", "tests"]
     text = walkthrough.render(stack, patches)
     n_hunks = sum(len(c.hunks) for c in commits)
     assert text.count("\n### `") == n_hunks > 5

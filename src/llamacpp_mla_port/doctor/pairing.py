@@ -115,9 +115,10 @@ def check_target(ctx: Context) -> Iterable[Finding]:
                       f"{sizes}; the draft would propose tokens the target does not have: llama.cpp "
                       "refuses the pair", "use the draft converted for this target")
     elif hp["n_vocab"] < t_vocab and "token_embd.weight" in d.tensors:
-        yield Finding("target_vocab", ERROR, "the draft's token table does not cover the target's ids",
+        yield Finding("target_vocab", WARNING, "the draft's token table does not cover the target's ids",
                       f"{sizes}; the target's token ids index the draft's own token_embd: llama.cpp "
-                      "refuses the pair", "use the draft converted for this target")
+                      f"rejects a draft block whose anchor is above {hp['n_vocab'] - 1}, and drafts nothing "
+                      "for it", "use the draft converted for this target")
     elif hp["n_vocab"] < t_vocab:
         yield Finding("target_vocab", WARNING, "the draft's vocabulary is smaller than the target's",
                       f"{sizes}; the draft never proposes the target's ids above {hp['n_vocab'] - 1}",

@@ -1,7 +1,8 @@
 """Compile the proof's own C++ programs (cpp/*.cpp) against a patched llama.cpp build.
 
 The programs are ours, not part of the llama.cpp series: they only use libllama's public
-API (plus `src/llama-ext.h`, where the DFlash/DSpark entry points live), so they link
+API (plus `src/llama-ext.h`, where the DFlash/DSpark entry points live, and for load-check
+common's pair check, `common/speculative.h`), so they link
 against the build's shared libraries and are compiled here with the system C++ compiler,
 never by touching the llama.cpp tree or its build directory. Binaries land in a cache
 folder keyed by the source text and the library they link, so a rebuilt libllama or an
@@ -25,8 +26,10 @@ PROGRAMS = ("draft-logits", "target-features", "draft-bench", "ggml-floor", "loa
             "mulmat-check", "model-logits", "verify-bench")
 #: ggml-floor measures this machine's memory bandwidth with its own loop: vectorised for this CPU
 EXTRA_FLAGS = {"ggml-floor": ("-O3", "-march=native", "-pthread")}
-#: cpu-features and mulmat-check ask ggml-cpu itself (ggml_cpu_has_*, its type traits)
-EXTRA_LIBS = {"cpu-features": ("-lggml-cpu",), "mulmat-check": ("-lggml-cpu",)}
+#: cpu-features and mulmat-check ask ggml-cpu itself (ggml_cpu_has_*, its type traits); load-check
+#: checks a pair with common's own check (common/speculative.h)
+EXTRA_LIBS = {"cpu-features": ("-lggml-cpu",), "mulmat-check": ("-lggml-cpu",),
+              "load-check": ("-lllama-common",)}
 
 
 def library_dir(build_dir: Path) -> Path:
@@ -74,7 +77,8 @@ def compile_program(name: str, tree: Path, build_dir: Path, out_dir: Path | None
 
     lib_dirs = _ggml_dirs(build_dir, lib)
     cmd = [cxx, "-O2", "-std=c++17", "-Wall", "-Wextra",
-           f"-I{tree / 'include'}", f"-I{tree / 'ggml' / 'include'}", f"-I{tree / 'src'}", f"-I{CPP_DIR}",
+           f"-I{tree / 'include'}", f"-I{tree / 'ggml' / 'include'}", f"-I{tree / 'src'}", f"-I{tree / 'common'}",
+           f"-I{CPP_DIR}",
            *EXTRA_FLAGS.get(name, ()), str(source), "-o", str(binary) + ".tmp"]
     for d in lib_dirs:
         cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]

@@ -4,8 +4,9 @@
 // For every draft it does what llama-speculative-simple --spec-type draft-dspark does up to
 // and including one drafting step, through the public API:
 //   1. load the draft model;
-//   2. create a fresh target context and the draft context with ctx_other = target context
-//      (where the pairing is checked);
+//   2. create a fresh target context, check the pair as common/speculative.cpp checks it
+//      (common_speculative_check_draft, before the draft context exists), then create the
+//      draft context with ctx_other = target context;
 //   3. read the DFlash metadata the speculative driver reads (block size, anchor layout,
 //      causality), switch the target's layer-input extraction on for the taps, the draft to
 //      non-causal attention and nextn (confidence) outputs;
@@ -19,6 +20,7 @@
 // draft are the message of a refusal.
 #include "llama.h"
 #include "llama-ext.h"
+#include "speculative.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -88,6 +90,12 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
     if (!tgt.ctx) {
         why = "cannot create the target context";
         return "target";
+    }
+
+    const std::string unfit = common_speculative_check_draft(model_dft, tgt.ctx);
+    if (!unfit.empty()) {
+        why = "the draft does not fit its target: " + unfit;
+        return "pair";
     }
 
     llama_context_params cp = cp_tgt;   // the speculative driver copies the target's parameters
