@@ -505,8 +505,9 @@ def test_upstream_bench_markdown():
              "| AMD EPYC 9B45 | llama 3B Q8_0 | pp7 | 20.01 | 24.50 | 1.22 |")
     report = {"stack": "cpu-q0-odd-columns", "base": "b11434 (tree 27d5f643d32b)", "base_sha": "a" * 40,
               "head": "b" * 40, "seconds": 812.4, "settings": {"threads": "1,2", "reps": 3, "rounds": 2},
-              "models": {"shape": "Llama-3.2-3B", "n_layer": 4, "of_layers": 28,
-                         "files": ["llama-3.2-3b-4L-q8_0.gguf"]},
+              "machine": {"cpu": "AMD EPYC 9B45", "cpus": 2, "load": 2.5, "load_end": 3.0},
+              "models": [{"shape": "Llama-3.2-3B", "heads": "24 query heads over 8 K/V", "n_layer": 4, "of_layers": 28,
+                          "files": ["llama-3.2-3b-4L-q8_0.gguf"]}],
               "builds": {isa: {"cmake": cmake, "tables": {"llama-bench": table, "test-backend-ops": table},
                                "commands": ["llama-bench -m llama-3.2-3b-4L-q8_0.gguf -p 1,7 -n 0 -o sql"]}
                          for isa, cmake in (("native", []), ("avx2", ["-DGGML_NATIVE=OFF", "-DGGML_AVX512=OFF"]))}}

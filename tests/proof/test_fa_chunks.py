@@ -2,15 +2,17 @@
 attention over heads that share a K/V head`): never fewer chunks than threads while there are
 rows to split, whole Q tiles where that still leaves a chunk per thread.
 
-The patched tree's own `ggml_fa_tiled_chunk_rows` (ggml/src/ggml-cpu/common.h) is compiled into
-a small program and asked for the rows per chunk; the chunk count follows as ops.cpp derives it.
-The untiled split it starts from is ops.cpp's: 4 chunks per thread, dr = ceil(nr / (4 nth)).
-A count, not a timing: the same on every machine.
+The helper is `static` in the patched tree's ggml/src/ggml-cpu/ops.cpp (no other file needs it), so
+the test takes its definition out of that file as the tree has it, compiles it into a small
+program with ggml-cpu's headers, and asks it for the rows per chunk; the chunk count follows as
+ops.cpp derives it. The untiled split it starts from is ops.cpp's: 4 chunks per thread,
+dr = ceil(nr / (4 nth)). A count, not a timing: the same on every machine.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,6 +25,7 @@ PROGRAM = r"""
 #include "common.h"
 #include <cstdio>
 #include <cstdlib>
+@HELPER@
 int main(int argc, char ** argv) {
     for (int i = 1; i + 2 < argc; i += 3) {
         const int64_t nr = atoll(argv[i]), dr = atoll(argv[i + 1]), nth = atoll(argv[i + 2]);
@@ -33,6 +36,16 @@ int main(int argc, char ** argv) {
 """
 
 TILE = 64   # GGML_FA_TILE_Q
+HELPER = "ggml_fa_tiled_chunk_rows"
+#: the helper's definition in ops.cpp: its signature line through the first closing brace at column 0
+DEFINITION = re.compile(r"^static int64_t " + HELPER + r"\(.*?^\}\n", re.M | re.S)
+
+
+def helper_source(ops_cpp: str) -> str:
+    """The definition of the helper in ops.cpp's text, exactly once."""
+    found = DEFINITION.findall(ops_cpp)
+    assert len(found) == 1, f"{HELPER}: {len(found)} definitions in ops.cpp (want 1)"
+    return found[0]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +55,8 @@ def chunk_rows(patched_tree, tmp_path_factory):
         pytest.fail("no C++ compiler on PATH (the build needs one too)")
     d = tmp_path_factory.mktemp("fa-chunks")
     src = d / "fa_chunks.cpp"
-    src.write_text(PROGRAM)
     tree = Path(patched_tree)
+    src.write_text(PROGRAM.replace("@HELPER@", helper_source((tree / "ggml/src/ggml-cpu/ops.cpp").read_text())))
     exe = d / "fa_chunks"
     inc = [f"-I{tree / p}" for p in ("ggml/include", "ggml/src", "ggml/src/ggml-cpu")]
     proc = subprocess.run([cxx, "-std=c++17", "-O1", *inc, str(src), "-o", str(exe)],
@@ -82,3 +95,16 @@ def test_control_whole_tiles_alone_starve_threads():
     nr, nth = 448, 16
     dr = math.ceil(math.ceil(nr / (4 * nth)) / TILE) * TILE
     assert _chunks(nr, dr) == 7 < nth
+
+
+def test_the_helper_is_taken_from_ops_cpp_alone(patched_tree):
+    """The helper is ops.cpp's own (static, defined once there), in no header that every ggml-cpu
+    file includes; the extraction finds exactly its body, so an edit to it reaches the test."""
+    tree = Path(patched_tree) / "ggml/src/ggml-cpu"
+    src = helper_source((tree / "ops.cpp").read_text())
+    assert src.startswith(f"static int64_t {HELPER}(") and src.rstrip().endswith("}")
+    assert src.count("return") == 1 and "GGML_PAD" in src
+    headers = [p.name for p in tree.rglob("*.h") if HELPER in p.read_text(errors="replace")]
+    assert headers == [], headers
+    with pytest.raises(AssertionError, match="0 definitions"):          # the control: a file without it
+        helper_source("static int64_t other(int64_t x) {\n    return x;\n}\n")

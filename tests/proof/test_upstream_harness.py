@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -95,8 +96,106 @@ def test_eagle3_drafts_run_paired_with_their_targets(llama_build, seed):
 
 
 #: test-backend-ops' flash attention cases with 8 or more query heads per K/V head (its GQA
-#: cases and the FA commit's MLA-block ones): where the tiled path's Q tiles span heads
-FA_SHARED_KV_CASES = r"nr23=\[(8|12|20|64),"
+#: cases and the FA commit's MLA-block ones), and the FA commit's 4-per-group (Llama-3.1-8B) cases
+FA_SHARED_KV_CASES = r"nr23=\[(8|12|20|64),|nh=8,nr23=\[4,1\],kv=256,"
+FA_COMMIT = "85-ggml-cpu-fa-kv-head-tiles"
+TILE_Q = 64                     # GGML_FA_TILE_Q
+#: the conditions of ggml-cpu's choice that fa_path() reads, as the patched ops.cpp writes them
+SPLIT_KV_CONDITION = ("(neq1 == 1 && neq3 == 1) && kv_is_f32_or_f16 && (k->type == v->type) && "
+                      "q->type == GGML_TYPE_F32 && nek1 >= 512")
+TILED_CONDITION = "neq1*ggml_fa_kv_group(neq2, nek2, nev2) >= Q_TILE_SZ"
+
+
+@dataclass(frozen=True)
+class FaCase:
+    """One test_flash_attn_ext case: K/V heads nh, nr2 query heads per K/V head, nb query rows."""
+    hsk: int
+    hsv: int
+    nh: int
+    nr2: int
+    nr3: int
+    kv: int
+    nb: int
+    type_k: str
+    type_v: str
+
+    def vars_prefix(self) -> str:
+        """The start of the case's name as test-backend-ops prints it."""
+        return f"hsk={self.hsk},hsv={self.hsv},nh={self.nh},nr23=[{self.nr2},{self.nr3}],kv={self.kv},nb={self.nb},"
+
+
+def _args(text: str) -> list[str]:
+    """A C++ argument list split at its top-level commas (`{64, 1}` stays one argument)."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch in "({") - (ch in ")}")
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur.strip()] if cur.strip() else out
+
+
+def fa_commit_cases(template: str = "test-backend-ops-cases.cpp.j2") -> list[FaCase]:
+    """The cases the FA commit adds (its template: the eval cases, else `template`), the
+    `for (int nb : {...})` loops expanded."""
+    text = (REPO / "templates" / "series" / FA_COMMIT / template).read_text()
+    cases = []
+    for rows, body in re.findall(r"for \(int nb : \{([^}]*)\}\) \{\n(.*?)\n    \}\n", text, re.S):
+        for call in re.findall(r"new test_flash_attn_ext\((.*)\)\);", body):
+            a = _args(call)
+            nr2, nr3 = (int(x) for x in a[3].strip("{}").split(","))
+            for nb in (int(x) for x in rows.replace(",", " ").split()):
+                assert a[5] == "nb", call
+                cases.append(FaCase(int(a[0]), int(a[1]), int(a[2]), nr2, nr3, int(a[4]), nb,
+                                    a[11].removeprefix("GGML_TYPE_"), a[12].removeprefix("GGML_TYPE_")))
+    return cases
+
+
+def fa_path(c: FaCase, stack: bool) -> str:
+    """ggml-cpu's path for a case, by ops.cpp's conditions (x86; elsewhere DV must also be a
+    multiple of the vector width, as 64, 128 and 512 are): the base tiles 64 rows of one head, the
+    stack 64 rows of the heads that share a K/V head. Q is F32 in every case."""
+    kv_f = c.type_k == c.type_v and c.type_k in ("F16", "F32")
+    if kv_f and c.nb == 1 and c.nr3 == 1 and c.kv >= 512:
+        return "split-kv"
+    return "tiled" if kv_f and c.nb * (c.nr2 if stack else 1) >= TILE_Q else "one-row"
+
+
+def test_each_new_flash_attention_case_takes_the_new_tiled_path(patched_tree):
+    """Each case the FA commit adds runs the one-row path on the base and the tiled path on the
+    stack (fewer than 64 rows per head, 64 or more per K/V group): the arithmetic of ops.cpp's
+    conditions, which the patched file is checked to state as fa_path() reads them."""
+    ops = (Path(patched_tree) / "ggml/src/ggml-cpu/ops.cpp").read_text()
+    assert SPLIT_KV_CONDITION in ops and TILED_CONDITION in ops, "ops.cpp's path choice moved: re-derive fa_path()"
+    cases = fa_commit_cases()
+    assert len(cases) == 10, cases
+    wrong = [(c.vars_prefix(), fa_path(c, False), fa_path(c, True)) for c in cases
+             if (fa_path(c, False), fa_path(c, True)) != ("one-row", "tiled")]
+    assert wrong == [], wrong
+    assert {c.nr2 for c in cases} == {4, 8, 12, 64} and max(c.nb for c in cases) == 63
+    # the controls, the review's two cases that missed the new path: nb = 1 of the MLA block
+    # (split-KV) and 7 rows of 8 heads per K/V head (56 rows: one-row before and after)
+    mla1 = FaCase(576, 512, 1, 64, 1, 512, 1, "F16", "F16")
+    gqa7 = FaCase(128, 128, 2, 8, 1, 113, 7, "F16", "F16")
+    assert (fa_path(mla1, True), fa_path(gqa7, True)) == ("split-kv", "one-row")
+
+
+def test_the_perf_cases_but_their_control_take_the_new_tiled_path(patched_tree):
+    """The FA commit's test-backend-ops perf cases (GQA batches over 4096 cached rows) run the
+    one-row path on the base and the tiled path on the stack, but for 8 rows at 4 heads per K/V
+    head (32 rows: one-row on both, the control); the stack's upstream-bench filter selects all."""
+    ops = (Path(patched_tree) / "ggml/src/ggml-cpu/ops.cpp").read_text()
+    assert SPLIT_KV_CONDITION in ops and TILED_CONDITION in ops, "ops.cpp's path choice moved: re-derive fa_path()"
+    cases = fa_commit_cases("test-backend-ops-perf.cpp.j2")
+    paths = {c: (fa_path(c, False), fa_path(c, True)) for c in cases}
+    assert len(cases) == 8 and {c.nr2 for c in cases} == {4, 8}, cases
+    assert [(c.nr2, c.nb) for c in cases if paths[c] == ("one-row", "one-row")] == [(4, 8)], paths
+    assert all(p == ("one-row", "tiled") for c, p in paths.items() if (c.nr2, c.nb) != (4, 8)), paths
+    params = load_series(REPO / "templates").stack("cpu-fa-kv-head-tiles").bench.params
+    assert [c.vars_prefix() for c in cases if not re.search(params, c.vars_prefix())] == []
+    assert not re.search(params, FaCase(128, 128, 8, 4, 1, 256, 16, "F16", "F16").vars_prefix())   # control
 
 
 @pytest.mark.build
@@ -104,7 +203,7 @@ def test_flash_attention_over_shared_kv_heads_in_test_backend_ops(patched_tree, 
     """test-backend-ops checks ggml-cpu's flash attention against its one-row reference path
     (use_ref) on the cases whose query heads share a K/V head: since `ggml-cpu : tile flash
     attention over heads that share a K/V head` a Q tile spans those heads (a 7-token block of
-    64 heads over one latent head among them)."""
+    64 heads over one latent head among them). Every case the commit adds ran and passed."""
     build_mod.ensure_build(patched_tree, llama_build, build_mod.TARGET_SETS["backend-ops"])
     proc = subprocess.run([str(llama_build / "bin" / "test-backend-ops"), "-o", "FLASH_ATTN_EXT", "-b", "CPU",
                            "-p", FA_SHARED_KV_CASES], capture_output=True, text=True, timeout=900)
@@ -112,8 +211,9 @@ def test_flash_attention_over_shared_kv_heads_in_test_backend_ops(patched_tree, 
     assert proc.returncode == 0, out[-3000:]
     passed = re.search(r"(\d+)/(\d+) tests passed", out)
     assert passed and passed[1] == passed[2] and int(passed[2]) > 0, out[-3000:]
-    block = re.search(r"hsk=576,hsv=512,nh=1,nr23=\[64,1\],kv=512,nb=7,.*: OK", out)
-    assert block, "the 7-token MLA block case did not run: " + out[-3000:]
+    missing = [c.vars_prefix() for c in fa_commit_cases()
+               if not re.search(re.escape(c.vars_prefix()) + r".*: OK", out)]
+    assert missing == [], "cases of the FA commit that did not run: " + ", ".join(missing) + out[-2000:]
 
 
 def _tree_with(commit_slugs: tuple[str, ...], pin, sdist_tarball, dest: Path) -> Path:

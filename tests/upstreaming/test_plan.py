@@ -12,7 +12,7 @@ import pytest
 
 from llamacpp_mla_port.process import git
 from llamacpp_mla_port.errors import PortDescriptionError
-from llamacpp_mla_port.series.spec import Evidence, Overlap, Series, Stack, load_series
+from llamacpp_mla_port.series.spec import Bench, Evidence, Overlap, Series, Stack, load_series
 from llamacpp_mla_port.upstreaming import plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,13 +100,38 @@ def test_plan_lists_the_stacks_in_order_with_what_to_open(tmp_path):
     assert out == tmp_path / "PLAN.md" and out.read_text() == text
 
 
+def test_a_kept_stack_is_listed_apart_with_why_and_never_as_a_step():
+    """A stack kept in the series and not sent has no step of the one-PR-at-a-time sequence:
+    PLAN.md lists it after the steps, with why; a comment stack says why it is not a PR."""
+    series = _series(_stack("wide", 2, upstream="kept", why="the draft's own fc needs it"),
+                     _stack("first", 1), _stack("fa", 3, upstream="comment", comment_on=27478,
+                                                     why="#27478 reworks the same path"))
+    text = plan.plan_markdown(series, {"wide": {"ok": True, "checks": {}, "added": 9, "removed": 1,
+                                                "commits": ["ggml-cpu : x"]}})
+    heads = [ln for ln in text.splitlines() if ln.startswith("#")]
+    assert heads[1:] == ["## 1. first: a PR",
+                         "## 2. fa: a comment on #27478 (fa/COMMENT-KIT.md), not a PR of ours",
+                         "## Kept back: in the series, not sent", "### wide: kept in the series, not sent"]
+    kept = text.split("## Kept back")[1]
+    assert "- why it is kept back: the draft's own fc needs it" in kept and "+9/-1" in kept
+    assert "- why not a PR of ours: #27478 reworks the same path" in text.split("## 2.")[1]
+    assert "why" not in text.split("## 1.")[1].split("## 2.")[0]
+
+
 def test_the_ports_plan_follows_the_review():
-    """templates/port.toml: Kimi-K3's crash fix is the first PR, the rpc stack is a comment on
-    #26724, the feature stacks start with an issue, and the overlaps the review names are there;
-    the plan keys stay out of patches/."""
+    """templates/port.toml: Kimi-K3's crash fix is the first PR, the rpc stack is a comment on #26724, the flash-attention stack one on
+    #27478 (its fallback covers the rows the stack tiles), the column blocks are kept back (the
+    review: do not open), the feature stacks start with an issue, and the overlaps the review
+    names are there; the plan keys stay out of patches/."""
     series = load_series(REPO / "templates")
     rpc = series.stack("rpc")
     assert rpc.upstream == "comment" and rpc.comment_on == 26724
+    fa = series.stack("cpu-fa-kv-head-tiles")
+    assert fa.upstream == "comment" and fa.comment_on == 27478 and "2..63 query rows" in fa.why
+    blocks = series.stack("cpu-q0-column-blocks")
+    assert blocks.upstream == "kept" and "docs/bench.md" in blocks.why and "twice" in blocks.why
+    text = plan.plan_markdown(series, {})
+    assert "cpu-q0-column-blocks" not in text.split("## Kept back")[0]
     assert [st.name for st in series.in_order()][:2] == ["kimi-k3-layer-inputs", "rpc"]
     assert series.stack("pair-check").issue_first and series.stack("mla-draft").issue_first
     refs = {st.name: {o.ref for o in st.overlaps} for st in series.stacks}
@@ -289,6 +314,58 @@ def test_the_comment_kit_of_the_real_rpc_patches():
     assert any(ln.startswith("+") and "send(" in ln for _, h in got for ln in h.splitlines())
 
 
+CASES = ("@@ -11310,0 +11310,4 @@ static std::vector<std::unique_ptr<test_case>> make_test_cases_eval(\n"
+         "+    for (int nb : { 16, 63 }) {\n+        test_cases.emplace_back(new test_flash_attn_ext(128, 128, 8, {4, 1}));\n"
+         "+    }\n+\n")
+OPS = "@@ -9563,1 +9563,1 @@ static void ggml_compute_forward_flash_attn_ext_f16(\n-    neq1 >= Q;\n+    neq1*group >= Q;\n"
+FA = Stack(name="fa", title="ggml-cpu : tile", order=3, upstream="comment", comment_on=27478,
+           why="#27478 adds a fallback for 2..63 query rows", commits=("85-ggml-cpu-fa",),
+           overlaps=(Overlap("#27478", "reworks the one-row path"),), bench=Bench(types=("q8_0",)),
+           evidence=(Evidence("the new cases take the tiled path", "pytest -k flash"),))
+
+
+def test_a_measurement_kit_offers_the_tables_and_the_test_cases(tmp_path):
+    """A comment stack with upstream benchmarks offers the open PR its measurements (EVIDENCE.md's
+    upstream sections, captions included) and its test cases, not its change."""
+    folder = tmp_path / "fa"
+    (folder / "patches").mkdir(parents=True)
+    (folder / "patches" / "0001-fa.patch").write_text(_patch("ggml-cpu : tile", {
+        "ggml/src/ggml-cpu/ops.cpp": [OPS], "tests/test-backend-ops.cpp": [CASES]}))
+    (folder / "patches" / "series").write_text("0001-fa.patch\n")
+    (folder / "DESCRIPTION-SKELETON.md").write_text("skeleton\n")
+    (folder / "CHECKLIST.md").write_text("# checklist\n")
+    measured = "## Upstream's benchmarks\n\n_Random weights; Llama-3.1-8B shapes_\n\n| pp16 | 1.20 |\n"
+    evidence = [{"claim": "the new cases take the tiled path", "command": "pytest -k flash", "status": "pass"}]
+    assert plan.write_stack_docs(None, "", FA, folder, evidence, ["ggml-cpu : tile"], measured) == ["COMMENT-KIT.md"]
+    kit = (folder / "COMMENT-KIT.md").read_text()
+    assert kit.startswith("# A comment on upstream PR #27478: the `fa` stack's kit")
+    section = {s.split("\n", 1)[0]: s for s in kit.split("\n## ")[1:]}
+    relate, cases, tables, checks, change = section.values()
+    assert "- why a comment: #27478 adds a fallback for 2..63 query rows" in relate
+    assert "- #27478: reworks the one-row path" in relate
+    assert "--- a/tests/test-backend-ops.cpp" in cases and "{4, 1}" in cases and "neq1*group" not in kit
+    assert "_Random weights; Llama-3.1-8B shapes_" in tables and "| pp16 | 1.20 |" in tables
+    assert "\n### Upstream's benchmarks\n" in tables          # one level down, under the kit's heading
+    assert "- the new cases take the tiled path: **pass**" in checks and "`pytest -k flash`" in checks
+    assert "squashed.patch" in change
+    assert not (folder / "DESCRIPTION-SKELETON.md").exists()
+    assert (folder / "CHECKLIST.md").read_text().startswith("> Not a PR: this stack becomes a comment on #27478")
+    # without measurements (upstream-bench not run) the kit says how to make them
+    assert "Not run: `make upstream-bench`" in plan.comment_kit(FA, [], evidence, [])
+
+
+def test_a_kept_stacks_folder_has_no_pr_description(tmp_path):
+    folder = tmp_path / "wide"
+    folder.mkdir()
+    (folder / "DESCRIPTION-SKELETON.md").write_text("skeleton\n")
+    (folder / "CHECKLIST.md").write_text("# checklist\n")
+    st = _stack("wide", 7, upstream="kept", why="the draft's fc needs it")
+    assert plan.write_stack_docs(None, "", st, folder, [], []) == []
+    assert sorted(p.name for p in folder.iterdir()) == ["CHECKLIST.md"]
+    assert (folder / "CHECKLIST.md").read_text().startswith(
+        "> Not sent: this stack stays in the series and is not opened upstream (the draft's fc needs it).")
+
+
 # ------------------------------------------------------------------------------ port.toml validation
 @pytest.fixture
 def templates(tmp_path) -> Path:
@@ -305,8 +382,8 @@ def _edit(templates: Path, old: str, new: str) -> None:
 
 
 @pytest.mark.parametrize("old,new,match", [
-    ('upstream = "comment"\n', 'upstream = "issue"\n',
-     r'\[stacks.rpc\] upstream = .issue.(.|\n)*one of .pr., .comment.'),
+    ('upstream = "comment"\ncomment_on = 26724\n', 'upstream = "issue"\ncomment_on = 26724\n',
+     r'\[stacks.rpc\] upstream = .issue.(.|\n)*one of .pr., .comment., .kept.'),
     ("comment_on = 26724\n", "",
      r"\[stacks.rpc\] comment_on = None(.|\n)*names the upstream PR it comments on"),
     ("[stacks.pair-check]\n", "[stacks.pair-check]\ncomment_on = 1\n",
@@ -317,10 +394,24 @@ def _edit(templates: Path, old: str, new: str) -> None:
      r"\[stacks.cpu-q0-odd-columns\] issue_first = 1(.|\n)*true or false"),
     ('{ref = "#27478",', '{ref = "27478",', r"\[stacks.cpu-fa-kv-head-tiles\] overlaps = (.|\n)*ref an upstream"),
     ("[stacks.rpc]\n", "[stacks.rpc]\nissue_first = true\n", r"\[stacks.rpc\] issue_first = True(.|\n)*needs no issue"),
+    ('upstream = "kept"\n', 'upstream = "kept"\ncomment_on = 1\n',
+     r"\[stacks.cpu-q0-column-blocks\] comment_on = 1(.|\n)*only a stack with upstream = .comment."),
+    ("[stacks.pair-check]\n", '[stacks.pair-check]\nwhy = "a reason"\n',
+     r"\[stacks.pair-check\] why = .a reason.(.|\n)*only on a stack that is not a PR of ours"),
+    ('upstream = "kept"\n', 'upstream = "kept"\nissue_first = true\n',
+     r"\[stacks.cpu-q0-column-blocks\] issue_first = True(.|\n)*needs no issue"),
 ])
+
 def test_bad_plan_keys_are_refused_naming_the_stack_and_the_key(templates, old, new, match):
     _edit(templates, old, new)
     with pytest.raises(PortDescriptionError, match=match):
+        load_series(templates)
+
+def test_a_kept_stack_says_why(templates):
+    port = templates / "port.toml"
+    port.write_text("".join(ln for ln in port.read_text().splitlines(keepends=True)
+                            if not ln.startswith('why = "it stays in the series')))
+    with pytest.raises(PortDescriptionError, match=r"\[stacks.cpu-q0-column-blocks\] why = None(.|\n)*why it stays"):
         load_series(templates)
 
 

@@ -21,17 +21,18 @@ _CHANGE_KEYS = {"file", "anchor", "within", "within_end", "placement", "template
 _COMMIT_KEYS = {"vars", "change", "stack"}
 _STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _STACK_KEYS = {"title", "evidence", "depends", "upstream", "comment_on", "order",
-               "issue_first", "overlaps", "issue_facts", "bench", "first_step"}
+               "issue_first", "overlaps", "issue_facts", "bench", "first_step", "why"}
 #: templates/<PROSE_DIR>/<stack>.md: a stack's prose, what it changes and why (its `summary`)
 PROSE_DIR = "stacks"
 #: [stacks.NAME.bench]: what upstream's own benchmarks run on the base and the stack
-_BENCH_KEYS = {"types": list, "prompts": str, "args": list, "ops": list, "params": str, "shape": str,
-               "n_layer": int, "reps": int}
+_BENCH_KEYS = {"types": list, "prompts": str, "args": list, "ops": list, "params": str, "shapes": list,
+               "n_layer": int, "reps": int, "batched": list, "kld": list, "kld_reference": list}
 BENCH_TYPES = ("f16", "bf16", "q8_0", "q4_0")
 _EVIDENCE_KEYS = {"claim", "command"}
 _OVERLAP_KEYS = {"ref", "relation"}
-#: what a stack becomes upstream: its own pull request, or a comment on an open one
-UPSTREAM_FORMS = ("pr", "comment")
+#: what a stack becomes upstream: its own pull request, a comment on an open one, or nothing
+#: yet (kept in the series for the port's own use, not sent)
+UPSTREAM_FORMS = ("pr", "comment", "kept")
 _REF = re.compile(r"^#[1-9]\d*$")
 #: upstream's commit title, `<module> : <title>`: the one rule that render and the PR kit's style
 #: check (upstreaming/style.py) apply
@@ -89,9 +90,12 @@ class Bench:
     args: tuple[str, ...] = ()        # more llama-bench options, e.g. ("-fa", "1", "-d", "0,4096")
     ops: tuple[str, ...] = ()         # test-backend-ops perf -o OP
     params: str = ""                  # test-backend-ops perf -p REGEX (the cases of those ops)
-    shape: str = "llama-3.2-3b"       # fixtures/standard_model.SHAPES
+    shapes: tuple[str, ...] = ("llama-3.2-3b",)   # fixtures/standard_model.SHAPES, a model of each
     n_layer: int | None = None        # layers of the standard-shape model, when not the run's setting
     reps: int | None = None           # llama-bench -r, when not the run's setting
+    batched: tuple[str, ...] = ()     # llama-batched-bench options (-npp, -ntg, -npl, -kvu ...): run when set
+    kld: tuple[str, ...] = ()         # llama-perplexity options of the KL divergence, stack against base
+    kld_reference: tuple[str, ...] = ()   # added to `kld` for the base's own reference run
 
 
 @dataclass(frozen=True)
@@ -105,8 +109,10 @@ class Stack:
     evidence: tuple[Evidence, ...] = ()
     depends: tuple[str, ...] = ()   # stacks (earlier in port.toml) this PR is based on
     # the plan (upstreaming/plan.py, PLAN.md); never part of the patch text
-    upstream: str = "pr"     # "pr": a pull request of ours; "comment": a comment on `comment_on`
+    upstream: str = "pr"     # "pr": a pull request of ours; "comment": a comment on `comment_on`;
+                             # "kept": in the series, not sent upstream
     comment_on: int | None = None   # the open upstream PR a "comment" stack contributes to
+    why: str = ""            # why a "comment" or "kept" stack is not a PR of ours (PLAN.md)
     order: int = 0           # when a new contributor (one open PR at a time) opens it, from 1
     issue_first: bool = False        # a feature: an upstream issue comes before the PR
     overlaps: tuple[Overlap, ...] = ()
@@ -352,16 +358,20 @@ def _bench(path: Path, name: str, table) -> Bench | None:
     if table is None:
         return None
     fix = ("keys " + ", ".join(f"{k} ({t.__name__})" for k, t in _BENCH_KEYS.items())
-           + f"; `types` non-empty, of {', '.join(BENCH_TYPES)}")
+           + f"; `types` non-empty, of {', '.join(BENCH_TYPES)}; lists of strings; `shapes` non-empty; "
+           "`kld_reference` only with `kld`")
     if (not isinstance(table, dict) or set(table) - set(_BENCH_KEYS)
             or any(not isinstance(v, _BENCH_KEYS[k]) for k, v in table.items())
             or not table.get("types") or set(table["types"]) - set(BENCH_TYPES)
-            or any(not isinstance(x, str) for k in ("args", "ops") for x in table.get(k, []))
+            or any(not isinstance(x, str) for k in ("args", "ops", "shapes", "batched", "kld", "kld_reference")
+                   for x in table.get(k, []))
+            or ("shapes" in table and not table["shapes"]) or ("kld_reference" in table and not table.get("kld"))
             or any(k in table and (type(table[k]) is not int or table[k] < 1) for k in ("n_layer", "reps"))):
         raise PortDescriptionError(f"{path}: [stacks.{name}.bench] = {table!r}", fix)
-    return Bench(types=tuple(table["types"]), args=tuple(table.get("args", ())),
-                 ops=tuple(table.get("ops", ())),
-                 **{k: table[k] for k in ("prompts", "params", "shape", "n_layer", "reps") if k in table})
+    return Bench(types=tuple(table["types"]),
+                 **{k: tuple(table[k]) for k in ("args", "ops", "shapes", "batched", "kld", "kld_reference")
+                    if k in table},
+                 **{k: table[k] for k in ("prompts", "params", "n_layer", "reps") if k in table})
 
 
 def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:
@@ -373,14 +383,22 @@ def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:
     upstream = table.get("upstream", "pr")
     if upstream not in UPSTREAM_FORMS:
         raise bad("upstream", f"one of {', '.join(map(repr, UPSTREAM_FORMS))}: \"pr\" opens a pull "
-                  "request, \"comment\" contributes to an open upstream PR named by `comment_on`")
+                  "request, \"comment\" contributes to an open upstream PR named by `comment_on`, "
+                  "\"kept\" stays in the series and is not sent (say `why`)")
     comment_on = table.get("comment_on")
     if upstream == "comment" and (type(comment_on) is not int or comment_on < 1):
         raise bad("comment_on", "a stack with upstream = \"comment\" names the upstream PR it "
                   "comments on: comment_on = 26724 (a PR number)")
-    if upstream == "pr" and comment_on is not None:
+    if upstream != "comment" and comment_on is not None:
         raise bad("comment_on", "only a stack with upstream = \"comment\" takes `comment_on`: "
                   "drop it, or set upstream = \"comment\"")
+    why = table.get("why")
+    if upstream == "kept" and (not isinstance(why, str) or not why.strip() or "\n" in why):
+        raise bad("why", "a stack with upstream = \"kept\" says in one line why it stays in the "
+                  "series and is not sent: why = \"...\"")
+    if why is not None and (upstream == "pr" or not isinstance(why, str) or not why.strip() or "\n" in why):
+        raise bad("why", "one non-empty line, only on a stack that is not a PR of ours (upstream = "
+                  "\"comment\" or \"kept\"): drop it, or change `upstream`")
     order = table.get("order", position)
     if type(order) is not int or order < 1:
         raise bad("order", "a whole number from 1: the place in the sequence a new contributor "
@@ -388,8 +406,9 @@ def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:
     issue_first = table.get("issue_first", False)
     if not isinstance(issue_first, bool):
         raise bad("issue_first", "true or false: true when upstream wants an issue before the PR")
-    if issue_first and upstream == "comment":
-        raise bad("issue_first", "a comment on an open PR needs no issue of its own: drop it")
+    if issue_first and upstream != "pr":
+        raise bad("issue_first", "a comment on an open PR, or a stack that is not sent, needs no "
+                  "issue of its own: drop it")
     overlaps = table.get("overlaps", [])
     if not isinstance(overlaps, list) or any(
             not isinstance(o, dict) or set(o) != _OVERLAP_KEYS or not _REF.match(str(o["ref"]))
@@ -399,7 +418,7 @@ def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:
     facts = table.get("issue_facts", [])
     if not isinstance(facts, list) or not all(isinstance(f, str) and f.strip() for f in facts):
         raise bad("issue_facts", "a list of non-empty strings, each a fact the issue cites")
-    return {"upstream": upstream, "comment_on": comment_on, "order": order,
+    return {"upstream": upstream, "comment_on": comment_on, "why": (why or "").strip(), "order": order,
             "issue_first": issue_first, "issue_facts": tuple(facts),
             "overlaps": tuple(Overlap(o["ref"], o["relation"].strip()) for o in overlaps)}
 

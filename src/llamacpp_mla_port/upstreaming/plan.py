@@ -1,13 +1,14 @@
 """How the stacks reach upstream (`make pr`): PLAN.md, ISSUE-SKELETON.md, COMMENT-KIT.md.
 
-templates/port.toml says per stack what it becomes upstream (`upstream`: a pull request, or
-a comment on an open one, `comment_on`), when a new contributor opens it (`order`: one open
-PR at a time), whether an issue goes first (`issue_first`) and which upstream work it
-overlaps (`overlaps`). From that and what `make pr` found per folder this module writes
-<work-dir>/pr/PLAN.md, an ISSUE-SKELETON.md in each issue-first folder (the base tree's
-feature-request form, with placeholders and the facts to cite) and, for a comment stack,
-COMMENT-KIT.md instead of DESCRIPTION-SKELETON.md. The words of every issue, PR and comment
-are the human's: the tool drafts, proves and explains; it never submits.
+templates/port.toml says per stack what it becomes upstream (`upstream`: a pull request, a
+comment on an open one, `comment_on`, or nothing: kept in the series and not sent, with `why`),
+when a new contributor opens it (`order`: one open PR at a time), whether an issue goes first
+(`issue_first`) and which upstream work it overlaps (`overlaps`). From that and what `make pr`
+found per folder this module writes <work-dir>/pr/PLAN.md, an ISSUE-SKELETON.md in each
+issue-first folder (the base tree's feature-request form, with placeholders and the facts to
+cite) and, for a comment stack, COMMENT-KIT.md instead of DESCRIPTION-SKELETON.md (a kept stack
+gets neither). The words of every issue, PR and comment are the human's: the tool drafts, proves
+and explains; it never submits.
 """
 
 from __future__ import annotations
@@ -42,32 +43,47 @@ def plan_markdown(series: Series, results: dict[str, dict]) -> str:
              "not PRs: open the issue of a later step early, so that interest can build.", "",
              "The words of every issue, PR and comment are yours. The tool drafts (the "
              "skeletons), proves (EVIDENCE.md) and explains; it never submits anything.", ""]
-    for step, st in enumerate(series.in_order(), 1):
-        r = results.get(st.name)
-        lines += [f"## {step}. {st.name}: {what_to_open(st)}", "", f"- subject: `{st.title}`"]
-        if st.issue_first:
-            lines.append(f"- first: an upstream issue ({st.name}/{ISSUE}); the PR waits until a "
-                         "maintainer is interested")
-        if st.depends:
-            lines.append(f"- based on: {', '.join(st.depends)} (open it once that has merged)")
-        lines += [f"- overlaps {o.ref}: {o.relation}" for o in st.overlaps] or ["- overlaps: none known"]
-        if st.first_step:
-            lines.append(f"- a first step that can go alone, before the rest: series/{st.first_step[0]} "
-                         f"(it applies alone on the base): {st.first_step[1]}")
-        if r is None:
-            lines += ["- not built in this run (`--stack` chose others)", ""]
-            continue
-        skipped = [k for k, v in r.get("checks", {}).items() if v is None]
-        lines += [f"- size: {len(r.get('commits', []))} commit(s), +{r['added']}/-{r['removed']}",
-                  f"- checks of {st.name}/: " + ("all that ran pass" if r["ok"] else
-                                                 f"SOME FAIL ({st.name}/checks.json)")
-                  + (f"; not run: {', '.join(skipped)}" if skipped else ""), ""]
+    sent = [st for st in series.in_order() if st.upstream != "kept"]
+    kept = [st for st in series.in_order() if st.upstream == "kept"]
+    for step, st in enumerate(sent, 1):
+        lines += [f"## {step}. {st.name}: {what_to_open(st)}", ""] + _stack_lines(st, results.get(st.name))
+    if kept:
+        lines += ["## Kept back: in the series, not sent", "",
+                  "These stacks stay in the series for the port's own use; they are not opened "
+                  "upstream. Their folders hold the evidence, for the day that changes.", ""]
+        for st in kept:
+            lines += [f"### {st.name}: {what_to_open(st)}", ""] + _stack_lines(st, results.get(st.name))
     return "\n".join(lines)
+
+
+def _stack_lines(st: Stack, r: dict | None) -> list[str]:
+    """One stack's entry in PLAN.md: subject, why, issue, base, overlaps, size and checks."""
+    lines = [f"- subject: `{st.title}`"]
+    if st.why:
+        lines.append(f"- why {'not a PR of ours' if st.upstream == 'comment' else 'it is kept back'}: {st.why}")
+    if st.issue_first:
+        lines.append(f"- first: an upstream issue ({st.name}/{ISSUE}); the PR waits until a "
+                     "maintainer is interested")
+    if st.depends:
+        lines.append(f"- based on: {', '.join(st.depends)} (open it once that has merged)")
+    lines += [f"- overlaps {o.ref}: {o.relation}" for o in st.overlaps] or ["- overlaps: none known"]
+    if st.first_step:
+        lines.append(f"- a first step that can go alone, before the rest: series/{st.first_step[0]} "
+                     f"(it applies alone on the base): {st.first_step[1]}")
+    if r is None:
+        return lines + ["- not built in this run (`--stack` chose others)", ""]
+    skipped = [k for k, v in r.get("checks", {}).items() if v is None]
+    return lines + [f"- size: {len(r.get('commits', []))} commit(s), +{r['added']}/-{r['removed']}",
+                    f"- checks of {st.name}/: " + ("all that ran pass" if r["ok"] else
+                                                   f"SOME FAIL ({st.name}/checks.json)")
+                    + (f"; not run: {', '.join(skipped)}" if skipped else ""), ""]
 
 
 def what_to_open(st: Stack) -> str:
     if st.upstream == "comment":
         return f"a comment on #{st.comment_on} ({st.name}/{COMMENT}), not a PR of ours"
+    if st.upstream == "kept":
+        return "kept in the series, not sent"
     return "an issue, then a PR" if st.issue_first else "a PR"
 
 
@@ -190,8 +206,13 @@ def _diff(hunks: list[tuple[str, str]], what: str) -> list[str]:
     return lines + ["```", ""]
 
 
-def comment_kit(st: Stack, patches: list[Path], evidence: list[dict], subjects: list[str]) -> str:
-    """COMMENT-KIT.md for a stack that becomes a comment on upstream PR `st.comment_on`."""
+def comment_kit(st: Stack, patches: list[Path], evidence: list[dict], subjects: list[str],
+                measurements: str = "") -> str:
+    """COMMENT-KIT.md for a stack that becomes a comment on upstream PR `st.comment_on`: a stack
+    with upstream's benchmarks (a [bench] table) offers its measurements and test cases
+    (measurement_kit); the rpc stack offers its fix, a reproducer and its test."""
+    if st.bench is not None:
+        return measurement_kit(st, patches, evidence, measurements)
     pr = f"#{st.comment_on}"
     replaced = [f"`{s}` (series/{slug})" for slug, s in zip(st.commits, subjects)
                 if not s.startswith("tests :")]
@@ -233,23 +254,60 @@ def comment_kit(st: Stack, patches: list[Path], evidence: list[dict], subjects: 
     return "\n".join(lines)
 
 
+def measurement_kit(st: Stack, patches: list[Path], evidence: list[dict], measurements: str) -> str:
+    """The kit of a stack whose change an open upstream PR reworks: what we measured there (the
+    upstream-bench and harness-diff sections of EVIDENCE.md), our test cases (the stack's hunks
+    in tests/), the project's checks; the stack's own change only for reference."""
+    pr = f"#{st.comment_on}"
+    lines = [f"# A comment on upstream PR {pr}: the `{st.name}` stack's kit", "",
+             f"The `{st.name}` stack is not opened as a pull request: upstream PR {pr} changes the "
+             "same code, and a second PR on it would be a twin (CONTRIBUTING.md asks to comment on "
+             "the existing PR). This kit holds what a comment can offer there: measurements and test "
+             "cases. The words are yours, and the tool posts nothing.", "",
+             "## 1. How the two relate", "",
+             *([f"- why a comment: {st.why}"] if st.why else []),
+             *[f"- {o.ref}: {o.relation}" for o in st.overlaps], "",
+             "## 2. Test cases to offer (the stack's hunks in tests/)", ""]
+    lines += _diff(_hunks(patches, lambda path, h: path.startswith("tests/")), "a test case")
+    lines += ["## 3. Measurements, base against this stack (upstream's own tools)", "",
+              "Each table's caption says its weights, layers, threads and machine. The same commands "
+              f"run on {pr}'s branch show what it does in these cases.", ""]
+    # EVIDENCE.md's sections, one heading level down, under this kit's own heading
+    lines += [re.sub(r"^(#+) ", r"#\1 ", measurements.strip(), flags=re.M) if measurements.strip() else
+              "Not run: `make upstream-bench` (or `make pr`) makes these tables.", ""]
+    lines += ["## 4. The project's own checks (this run)", ""]
+    for e in evidence:
+        lines += [f"- {e['claim']}: **{e.get('status', 'not run')}**", f"  `{e['command']}`"]
+    lines += ["", "## 5. The stack's change, for reference only", "",
+              f"patches/ and squashed.patch in this folder. Offer it only if {pr}'s author asks for "
+              "it: the comment is about the cases it is measured and tested in.", ""]
+    return "\n".join(lines)
+
+
 def write_stack_docs(repo: git.Repo, base: str, st: Stack, folder: Path, evidence: list[dict],
-                     subjects: list[str]) -> list[str]:
+                     subjects: list[str], measurements: str = "") -> list[str]:
     """The plan's files in one PR folder: ISSUE-SKELETON.md when an issue goes first; for a
-    comment stack COMMENT-KIT.md in place of DESCRIPTION-SKELETON.md, and a CHECKLIST.md note."""
+    comment stack COMMENT-KIT.md in place of DESCRIPTION-SKELETON.md, and a CHECKLIST.md note;
+    for a kept stack no PR description, and a CHECKLIST.md note. `measurements` is the upstream
+    benchmark and test sections of EVIDENCE.md (a measurement kit quotes them)."""
     written = []
     if st.issue_first:
         (folder / ISSUE).write_text(issue_skeleton(st, feature_form(repo, base), evidence))
         written.append(ISSUE)
+    note = ""
     if st.upstream == "comment":
         from llamacpp_mla_port.series.gitseries import read_series
         (folder / COMMENT).write_text(comment_kit(st, read_series(folder / "patches"), evidence,
-                                                  subjects))
+                                                  subjects, measurements))
+        written.append(COMMENT)
+        note = (f"> Not a PR: this stack becomes a comment on #{st.comment_on} ({COMMENT}). "
+                "The boxes below apply only if it becomes a PR.")
+    elif st.upstream == "kept":
+        note = (f"> Not sent: this stack stays in the series and is not opened upstream ({st.why}). "
+                "The boxes below apply only if it is sent one day.")
+    if note:
         (folder / DESCRIPTION).unlink(missing_ok=True)      # no PR, so no PR description
         check = folder / "CHECKLIST.md"
         if check.is_file():
-            check.write_text(f"> Not a PR: this stack becomes a comment on #{st.comment_on} "
-                             f"({COMMENT}). The boxes below apply only if it becomes a PR.\n\n"
-                             + check.read_text())
-        written.append(COMMENT)
+            check.write_text(note + "\n\n" + check.read_text())
     return written

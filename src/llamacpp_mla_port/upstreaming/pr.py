@@ -251,7 +251,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", places: P
     (folder / DESCRIPTION).write_text(description_skeleton(template, rs.stack, facts))
     (folder / "CHECKLIST.md").write_text(stack_checklist(template, rs.stack, checks))
     walkthrough.write(folder, rs.stack, repo, rs.base)
-    plan.write_stack_docs(repo, rs.base, rs.stack, folder, entries, facts["commits"])
+    plan.write_stack_docs(repo, rs.base, rs.stack, folder, entries, facts["commits"], lead)
     log(f"pr: {folder} ({'ok' if ok else 'SOME CHECKS FAIL'}): {len(rs.shas)} commits, "
         f"+{stat['added']}/-{stat['removed']}")
     return {"ok": ok, "folder": str(folder), "checks": checks, "added": stat["added"],

@@ -192,6 +192,10 @@ def stack_checklist(template: str | None, stack: Stack, checks: dict) -> str:
            "lists every hunk with its questions (for your reading, not text to post)",
            "- [ ] Open the PR yourself: the tool never pushes or submits anything",
            *([f"- [ ] Run EVIDENCE.md's benchmark commands where this machine could not: "
-              f"{'; '.join(NOT_MEASURED)}, and add the tables"] if stack.bench else []), ""]
+              f"{'; '.join(NOT_MEASURED)}, and add the tables",
+              "- [ ] Thread rows on Intel hosts, 1 to 16 threads (an AVX2 hybrid as release builds "
+              "target, e.g. Alder Lake, and a Sapphire Rapids Xeon): "
+              f'`make upstream-bench UPSTREAM_BENCH_ARGS="--stack {stack.name} -t 1,2,4,8,16"` there, '
+              "until a device run (docs/device-check.md) brings them"] if stack.bench else []), ""]
     return text.replace("## The tree's pull request template", "\n".join(own) +
                         "\n## The tree's pull request template", 1)
