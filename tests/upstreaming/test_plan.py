@@ -410,7 +410,7 @@ def test_bad_plan_keys_are_refused_naming_the_stack_and_the_key(templates, old, 
 def test_a_kept_stack_says_why(templates):
     port = templates / "port.toml"
     port.write_text("".join(ln for ln in port.read_text().splitlines(keepends=True)
-                            if not ln.startswith('why = "it stays in the series')))
+                            if not ln.startswith('why = "kept in the series')))
     with pytest.raises(PortDescriptionError, match=r"\[stacks.cpu-q0-column-blocks\] why = None(.|\n)*why it stays"):
         load_series(templates)
 
