@@ -1,4 +1,11 @@
-"""The engine: obtain, render, export, apply. Golden files are the checked-in patches/."""
+"""The engine: obtain, render, export, apply. Golden files are the checked-in patches/.
+
+Obtaining and applying from scratch is what a few tests check (test_patch_applies_..., the
+relative work dirs, the interrupted runs, the git sources); the others start from the module's
+one applied work tree: a test that only reads it (a render that fails, a render twice) gets
+that tree (`shared`, checked unchanged after the test), a test that changes it gets a copy
+(`copied`) instead of obtaining and applying the series again.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +46,48 @@ def opts(tmp_path, sdist_tarball):
                             source="sdist", sdist_file=sdist_tarball)
 
 
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory, sdist_tarball) -> pipeline.Options:
+    """The module's one work tree: obtained, the series applied (`make patch` from scratch)."""
+    root = tmp_path_factory.mktemp("applied")
+    opts = pipeline.Options(run_places(work_dir=root / "work", patches_dir=root / "patches"),
+                            source="sdist", sdist_file=sdist_tarball)
+    pipeline.patch(opts, log=lambda *_: None)
+    return opts
+
+
+def _tree_state(opts: pipeline.Options) -> tuple:
+    ws = opts.workspace()
+    return (git.run(ws.tree, "rev-parse", "HEAD"), git.run(ws.tree, "status", "--porcelain"),
+            git.run(ws.tree, "for-each-ref"), ws.state_path.read_bytes())
+
+
+@pytest.fixture()
+def shared(applied, tmp_path):
+    """`opts` on the module's applied work tree (patches into this test's own folder), for a test
+    that must leave the tree as it found it: checked after the test."""
+    before = _tree_state(applied)
+    yield applied.with_flags(patches_dir=tmp_path / "patches")
+    assert _tree_state(applied) == before, "the test changed the module's shared work tree"
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    # git never rewrites an object file in place (new objects are new files): objects are
+    # hard-linked, as `git clone --local` does; everything else is a real copy
+    if f"{os.sep}.git{os.sep}objects{os.sep}" in src:
+        os.link(src, dst)
+    else:
+        shutil.copy2(src, dst)
+
+
+@pytest.fixture()
+def copied(applied, tmp_path):
+    """`opts` on this test's own copy of the module's applied work tree and patches/."""
+    shutil.copytree(applied.places.work_dir, tmp_path / "work", symlinks=True, copy_function=_link_or_copy)
+    shutil.copytree(applied.places.patches_dir, tmp_path / "patches")
+    return applied.with_flags(work_dir=tmp_path / "work", patches_dir=tmp_path / "patches")
+
+
 def _copy_templates(tmp_path: Path) -> Path:
     dst = tmp_path / "templates"
     shutil.copytree(TEMPLATES_DIR, dst)
@@ -61,28 +110,28 @@ def test_checked_in_patches_match_a_fresh_render(opts):
     assert not opts.places.work_dir.exists()        # read-only: no work tree made
 
 
-def test_check_never_moves_a_work_tree_on_another_base(opts, tmp_path):
+def test_check_never_moves_a_work_tree_on_another_base(copied, tmp_path):
     """A work tree standing on another base (an older pin) is left where it is; the control:
     `patch` with the same options does move it."""
-    ws, repo, pin, base = pipeline.prepare(opts, log=lambda *_: None)
+    ws, repo, pin, base = pipeline.prepare(copied, log=lambda *_: None)
     git.run(repo, "checkout", "-q", "-b", "elsewhere")
     (Path(repo.working_tree_dir) / "README.md").write_text("mine\n")
     git.run(repo, "commit", "-q", "-am", "another base",
             env=git.identity_env("a", "a@a", "2026-01-01T00:00:00Z"))
     other = git.run(repo, "rev-parse", "HEAD")
     ws.save_state(**{**ws.state(), "base": other})
-    opts = opts.with_flags(patches_dir=PATCHES_DIR)
+    opts = copied.with_flags(patches_dir=PATCHES_DIR)
     assert pipeline.check(opts, log=lambda *_: None) == ""
     assert git.run(repo, "rev-parse", "HEAD") == other and ws.state()["base"] == other
     pipeline.prepare(opts, log=lambda *_: None)
     assert git.run(repo, "rev-parse", "HEAD") == base.sha and ws.state()["base"] == base.sha
 
 
-def test_rendering_twice_is_byte_identical(opts, tmp_path):
+def test_rendering_twice_is_byte_identical(shared, tmp_path):
     exports = []
     for i in range(2):
-        ws, repo, pin, base = pipeline.prepare(opts, log=lambda *_: None)
-        r = pipeline.render(opts, repo, pin, base)
+        ws, repo, pin, base = pipeline.prepare(shared, log=lambda *_: None)
+        r = pipeline.render(shared, repo, pin, base)
         out = tmp_path / f"export{i}"
         pipeline.export_fresh(r, out)
         exports.append(_snapshot(out))
@@ -134,9 +183,9 @@ def _break(tmp_path, opts, edit) -> pipeline.Options:
     return opts.with_flags(templates_dir=templates)
 
 
-def test_missing_anchor_names_file_anchor_base_and_candidates(tmp_path, opts, pin):
-    bad = _break(tmp_path, opts, lambda t: t.replace("MODEL_TENSOR.ATTN_Q_A_NORM,",
-                                                     "MODEL_TENSOR.ATTN_Q_A_NORMAL,"))
+def test_missing_anchor_names_file_anchor_base_and_candidates(tmp_path, shared, pin):
+    bad = _break(tmp_path, shared, lambda t: t.replace("MODEL_TENSOR.ATTN_Q_A_NORM,",
+                                                       "MODEL_TENSOR.ATTN_Q_A_NORMAL,"))
     with pytest.raises(AnchorError) as exc:
         pipeline.patch(bad, log=lambda *_: None)
     msg = str(exc.value)
@@ -144,27 +193,27 @@ def test_missing_anchor_names_file_anchor_base_and_candidates(tmp_path, opts, pi
     assert pin.short in msg and pin.tag in msg
     assert "MODEL_TENSOR.ATTN_Q_A_NORM," in msg          # the nearest candidate line
     assert "nothing was written" in msg
-    assert not opts.places.patches_dir.exists() or not any(opts.places.patches_dir.iterdir())
+    assert not shared.places.patches_dir.exists() or not any(shared.places.patches_dir.iterdir())
 
 
-def test_ambiguous_anchor_is_refused(tmp_path, opts):
-    bad = _break(tmp_path, opts, lambda t: t.replace('within = """\n    MODEL_ARCH.DFLASH: [\n"""\n'
-                                                     'within_end = """\n    ],\n"""\n', ""))
+def test_ambiguous_anchor_is_refused(tmp_path, shared):
+    bad = _break(tmp_path, shared, lambda t: t.replace('within = """\n    MODEL_ARCH.DFLASH: [\n"""\n'
+                                                       'within_end = """\n    ],\n"""\n', ""))
     with pytest.raises(AnchorError) as exc:
         pipeline.patch(bad, log=lambda *_: None)
     assert "matches" in str(exc.value) and "times" in str(exc.value)
     assert "within" in str(exc.value)
 
 
-def test_undefined_template_variable_is_an_error(tmp_path, opts):
+def test_undefined_template_variable_is_an_error(tmp_path, shared):
     templates = _copy_templates(tmp_path)
     msg = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "message.txt.j2"
     msg.write_text(msg.read_text() + "\n{{ no_such_variable }}\n")
     with pytest.raises(RenderError, match="no_such_variable"):
-        pipeline.patch(opts.with_flags(templates_dir=templates), log=lambda *_: None)
+        pipeline.patch(shared.with_flags(templates_dir=templates), log=lambda *_: None)
 
 
-def test_commit_that_changes_nothing_is_reported(tmp_path, opts):
+def test_commit_that_changes_nothing_is_reported(tmp_path, shared):
     """A hunk already present upstream: the replacement equals the anchor."""
     templates = _copy_templates(tmp_path)
     folder = templates / "series" / "10-gguf-py-dflash-mla-tensors"
@@ -173,7 +222,7 @@ def test_commit_that_changes_nothing_is_reported(tmp_path, opts):
     (folder / "commit.toml").write_text(only_first.replace('placement = "after"', 'placement = "replace"'))
     (folder / "constants-dflash-mla.py.j2").write_text("        MODEL_TENSOR.ATTN_Q_A_NORM,\n")
     with pytest.raises(RenderError, match="changes nothing"):
-        pipeline.patch(opts.with_flags(templates_dir=templates), log=lambda *_: None)
+        pipeline.patch(shared.with_flags(templates_dir=templates), log=lambda *_: None)
 
 
 # ------------------------------------------------------------------------ sources
@@ -290,25 +339,25 @@ def test_checksum_mismatch_is_refused(tmp_path, pin, monkeypatch):
 
 
 # ------------------------------------------------------------------------ the work tree
-def test_dirty_work_tree_is_refused_and_kept(opts):
-    tree = Path(pipeline.patch(opts, log=lambda *_: None)["tree"])
+def test_dirty_work_tree_is_refused_and_kept(copied):
+    tree = Path(pipeline.patch(copied, log=lambda *_: None)["tree"])
     target = tree / "src" / "llama.cpp"
     target.write_text(target.read_text() + "// my local experiment\n")
     with pytest.raises(WorkTreeError) as exc:
-        pipeline.patch(opts, log=lambda *_: None)
+        pipeline.patch(copied, log=lambda *_: None)
     assert "src/llama.cpp" in str(exc.value) and "stash" in str(exc.value)
     assert target.read_text().endswith("// my local experiment\n")     # nothing lost
     git.run(tree, "checkout", "--", "src/llama.cpp")
     (tree / "my-notes.txt").write_text("mine\n")
     with pytest.raises(WorkTreeError, match="my-notes.txt"):
-        pipeline.patch(opts, log=lambda *_: None)
+        pipeline.patch(copied, log=lambda *_: None)
     (tree / "my-notes.txt").unlink()
     # a commit of the user's on the tool's branch is refused, not reset away
     (tree / "my-notes.txt").write_text("mine\n")
     git.run(tree, "add", "my-notes.txt")
     git.run(tree, "commit", "-q", "-m", "mine", env=git.identity_env("u", "u@u", "2026-01-01T00:00:00Z"))
     with pytest.raises(WorkTreeError, match="did not make"):
-        pipeline.patch(opts, log=lambda *_: None)
+        pipeline.patch(copied, log=lambda *_: None)
 
 
 def test_foreign_directory_is_not_taken_over(opts):
@@ -319,19 +368,20 @@ def test_foreign_directory_is_not_taken_over(opts):
     assert (opts.places.work_dir / "llama.cpp" / "precious").read_text() == "x"
 
 
-def test_apply_failure_leaves_the_base_not_half_applied(opts):
-    result = pipeline.patch(opts, log=lambda *_: None)
+def test_apply_failure_leaves_the_base_not_half_applied(copied):
+    result = pipeline.patch(copied, log=lambda *_: None)
     tree = Path(result["tree"])
     from llamacpp_mla_port.series import gitseries as series_mod
     # break the gguf-py patch wherever it sits in the series (what applied before it must go too)
     line = "+        MODEL_TENSOR.ATTN_KV_A_MQA,"
-    bad = next(opts.places.patches_dir / p for p in result["patches"] if line in (opts.places.patches_dir / p).read_text())
+    patches = copied.places.patches_dir
+    bad = next(patches / p for p in result["patches"] if line in (patches / p).read_text())
     text = bad.read_text()
     bad.write_text(text.replace(line, line + "\n-        no such line"))
     repo = git.Repo(tree)
-    base = pipeline.Options.workspace(opts).state()["base"]
+    base = pipeline.Options.workspace(copied).state()["base"]
     with pytest.raises(SeriesError, match="git am -3"):
-        series_mod.apply(repo, base, "mla-port", series_mod.read_series(opts.places.patches_dir),
+        series_mod.apply(repo, base, "mla-port", series_mod.read_series(patches),
                          load_series(TEMPLATES))
     assert git.run(repo, "rev-parse", "HEAD") == base
     assert git.run(repo, "status", "--porcelain") == ""
@@ -351,22 +401,22 @@ def test_relative_work_dirs_name_one_place(tmp_path, sdist_tarball, monkeypatch)
     assert not (tmp_path / "rel-work" / "rel-work").exists()
 
 
-def test_a_stale_git_lock_is_removed_a_live_one_refused(opts):
+def test_a_stale_git_lock_is_removed_a_live_one_refused(copied):
     """A git killed mid-command leaves .git/index.lock; the tool's own tree recovers from it,
     unless a process still runs inside the tree (then the lock may be live: refuse, touch nothing)."""
-    result = pipeline.patch(opts, log=lambda *_: None)
+    result = pipeline.patch(copied, log=lambda *_: None)
     tree = Path(result["tree"])
     lock = tree / ".git" / "index.lock"
     lock.write_text("")
     sleeper = subprocess.Popen(["sleep", "60"], cwd=tree)
     try:
         with pytest.raises(WorkTreeError, match="index.lock exists and a process is running inside"):
-            pipeline.patch(opts, log=lambda *_: None)
+            pipeline.patch(copied, log=lambda *_: None)
         assert lock.exists()
     finally:
         sleeper.kill()
         sleeper.wait()
-    pipeline.patch(opts, log=lambda *_: None)
+    pipeline.patch(copied, log=lambda *_: None)
     assert not lock.exists()
     assert git.run(tree, "status", "--porcelain") == ""
 
@@ -450,12 +500,13 @@ def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, 
     assert (tree / "NEWS.md").read_text() == "upstream moved on\n"
 
 
-def test_reapplying_keeps_the_mtime_of_files_whose_content_did_not_change(tmp_path, opts):
+def test_reapplying_keeps_the_mtime_of_files_whose_content_did_not_change(tmp_path, copied):
     """After a template edit only the files it really changed look new to the build."""
-    first = pipeline.patch(opts, log=lambda *_: None)
+    first = pipeline.patch(copied, log=lambda *_: None)
     tree = Path(first["tree"])
     constants = tree / "gguf-py" / "gguf" / "constants.py"
-    others = [tree / f.path for f in _touched_by_series(opts.places.patches_dir) if f.path != "gguf-py/gguf/constants.py"]
+    others = [tree / f.path for f in _touched_by_series(copied.places.patches_dir)
+              if f.path != "gguf-py/gguf/constants.py"]
     assert others, "the series should touch more than constants.py"
     for p in [constants] + others:
         os.utime(p, ns=(0, 1_000_000_000))              # an old, recognisable mtime
@@ -463,21 +514,21 @@ def test_reapplying_keeps_the_mtime_of_files_whose_content_did_not_change(tmp_pa
     templates = _copy_templates(tmp_path)
     hunk = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "constants-dflash-mla.py.j2"
     hunk.write_text(hunk.read_text().replace("        MODEL_TENSOR.ATTN_KV_A_NORM,\n", ""))
-    pipeline.patch(opts.with_flags(templates_dir=templates), log=lambda *_: None)
+    pipeline.patch(copied.with_flags(templates_dir=templates), log=lambda *_: None)
     assert constants.read_text().count("MODEL_TENSOR.ATTN_KV_A_NORM,") == before - 1
     assert constants.stat().st_mtime_ns != 1_000_000_000
     assert all(p.stat().st_mtime_ns == 1_000_000_000 for p in others)
 
 
-def test_a_reworded_commit_is_applied_again(tmp_path, opts):
+def test_a_reworded_commit_is_applied_again(tmp_path, copied):
     """Only a commit message changed: the work tree's commit must carry the new message."""
-    first = pipeline.patch(opts, log=lambda *_: None)
+    first = pipeline.patch(copied, log=lambda *_: None)
     repo = git.Repo(Path(first["tree"]))
     templates = _copy_templates(tmp_path)
     message = templates / "series" / "10-gguf-py-dflash-mla-tensors" / "message.txt.j2"
     message.write_text(message.read_text() + "\nReworded.\n")
     logs: list[str] = []
-    pipeline.patch(opts.with_flags(templates_dir=templates), log=logs.append)
+    pipeline.patch(copied.with_flags(templates_dir=templates), log=logs.append)
     assert not any("already applied" in line for line in logs), logs
     assert "Reworded." in git.run(repo, "log", "--format=%B", "mla-port-base..HEAD")
 
