@@ -50,7 +50,7 @@ def pytest_configure(config):
 
 
 #: fixtures that need the patched llama.cpp build (a test using one is marked `build`)
-BUILD_FIXTURES = {"llama_build", "smoke_run"}
+BUILD_FIXTURES = {"llama_build", "smoke_run", "full_smoke_run"}
 #: fixtures that need llama.cpp's source: the sdist, the cache repository, the patched tree
 TREE_FIXTURES = {"sdist_tarball", "patched_tree"}
 
@@ -137,18 +137,29 @@ class SmokeRun:
     work: Path           # its scratch folder: parity/ holds the matrix (parity-report.json) and its drafts
 
 
-@pytest.fixture(scope="session")
-def smoke_run(patched_tree, llama_build, tmp_path_factory) -> SmokeRun:
-    """The whole proof, `llamacpp-mla-port smoke`, once per session: tests/proof/test_smoke.py
-    checks its report, tests/proof/test_parity.py the parity matrix it ran (not run twice)."""
-    work = tmp_path_factory.mktemp("smoke")
+def run_smoke(tree: Path, build: Path, work: Path, *flags: str) -> SmokeRun:
+    """`llamacpp-mla-port smoke --no-build` on `tree` and `build`, checked to exit 0."""
     proc = subprocess.run([sys.executable, "-m", "llamacpp_mla_port", "smoke", "--no-build",
-                           "--tree", str(patched_tree), "--build-dir", str(llama_build),
-                           "--scratch-dir", str(work)],
+                           "--tree", str(tree), "--build-dir", str(build), "--scratch-dir", str(work), *flags],
                           capture_output=True, text=True, env=dict(os.environ), timeout=SMOKE_BOUND_S)
     sys.stderr.write(proc.stderr[-6000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return SmokeRun(json.loads(proc.stdout), work)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(patched_tree, llama_build, tmp_path_factory) -> SmokeRun:
+    """The whole proof, `llamacpp-mla-port smoke --quick`, once per session: tests/proof/test_smoke.py
+    checks its report, tests/proof/test_parity.py the parity matrix it ran (not run twice).
+    --quick runs the full parity matrix and 5 of the 14 lossless runs; the full smoke is
+    test_smoke.py's `slow` test."""
+    return run_smoke(patched_tree, llama_build, tmp_path_factory.mktemp("smoke"), "--quick")
+
+
+@pytest.fixture(scope="session")
+def full_smoke_run(patched_tree, llama_build, tmp_path_factory) -> SmokeRun:
+    """`llamacpp-mla-port smoke` without --quick, what `make smoke` runs (for `slow` tests)."""
+    return run_smoke(patched_tree, llama_build, tmp_path_factory.mktemp("smoke-full"))
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,13 @@
-"""`make test` runs the whole proof: `llamacpp-mla-port smoke` on the patched build.
+"""`make test` runs the whole proof: `llamacpp-mla-port smoke --quick` on the patched build.
 
 The JSON report is read back and every claim in it is checked here as well, so a smoke
 that printed `ok` over a weak run (too few prompts, no acceptance, a mode missing) fails.
+--quick keeps every stage and the whole parity matrix; of the lossless matrix (draft lengths
+1/3/7 x flash attention x p_min, bigram draft, each by llama-speculative-simple and by
+llama-server) it runs lengths 1, 3 and 7 and each (flash attention, p_min) pair once, and the
+random draft at length 7: 5 runs of each program, not 14. The 9 it leaves out (bigram k=1 but
+flash attention off with p_min 0, k=3 but both on, k=7 with both off or both on; random k=3)
+run in `make smoke` and in `make test-slow` (test_the_full_smoke_runs_every_lossless_combination).
 """
 
 from __future__ import annotations
@@ -68,16 +74,38 @@ def test_target_side_is_the_prefix_stream(report):
         assert res["max_nmse_vs_plain_residual"] > 1e-3, name
 
 
-def test_speculative_decoding_is_lossless_with_partial_acceptance(report):
-    lossless = report["lossless"]
+def _lossless_runs(lossless: dict) -> set[tuple[str, str, int, bool, bool]]:
+    """Every run checked: each output equal to the target alone, the bigram draft partly
+    accepted; (program, draft, draft length, flash attention, p_min on) of each."""
     assert lossless["n_prompts"] >= 20 and lossless["n_mismatches"] == 0
     runs = lossless["speculative_simple"] + lossless["server"]
     assert all(r["identical"] == r["of"] == lossless["n_prompts"] for r in runs)
-    seen = {(r["draft_max"], r["flash_attn"], r["p_min"] > 0) for r in lossless["speculative_simple"]
-            if r["draft"] == "bigram"}
-    assert seen == {(k, fa, conf) for k in (1, 3, 7) for fa in (False, True) for conf in (False, True)}
-    assert any(r["parallel"] == 2 for r in lossless["server"])
+    assert lossless["server"] and all(r["parallel"] == 2 for r in lossless["server"])
     for r in runs:
         if r["draft"] == "bigram":
             # partial acceptance: some drafts accepted, some rejected (rollback exercised)
             assert 0 < r["accepted"] < r["drafted"], r
+    return {("server" if "parallel" in r else "simple", r["draft"], r["draft_max"], r["flash_attn"], r["p_min"] > 0)
+            for r in runs}
+
+
+def test_speculative_decoding_is_lossless_with_partial_acceptance(report):
+    """--quick: every draft length and every (flash attention, p_min) pair, by both programs."""
+    seen = _lossless_runs(report["lossless"])
+    for program in ("simple", "server"):
+        bigram = {(k, fa, conf) for prog, draft, k, fa, conf in seen if prog == program and draft == "bigram"}
+        assert {k for k, _, _ in bigram} == {1, 3, 7}, (program, bigram)
+        assert {(fa, conf) for _, fa, conf in bigram} == {(fa, conf) for fa in (False, True)
+                                                          for conf in (False, True)}, (program, bigram)
+        assert any(prog == program and draft == "random" for prog, draft, *_ in seen), program
+
+
+@pytest.mark.slow
+def test_the_full_smoke_runs_every_lossless_combination(full_smoke_run):
+    report = full_smoke_run.report
+    assert report["ok"] is True, report["stages"]
+    seen = _lossless_runs(report["lossless"])
+    want = {(prog, "bigram", k, fa, conf) for prog in ("simple", "server") for k in (1, 3, 7)
+            for fa in (False, True) for conf in (False, True)}
+    want |= {(prog, "random", k, False, False) for prog in ("simple", "server") for k in (3, 7)}
+    assert seen == want

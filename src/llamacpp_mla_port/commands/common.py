@@ -69,7 +69,8 @@ SHARED: dict[str, dict] = {
     "--templates-dir": dict(type=Path, default=None, metavar="DIR",
                             help="the port description (default: ./templates)"),
     # the proof's settings (add_proof_args): smoke, rebase --prove, pr --smoke-arg
-    "--quick": dict(action="store_true", help="draft length 3 only in the lossless matrix (a quicker, weaker run)"),
+    "--quick": dict(action="store_true", help="lossless: each draft length and flash attention / p_min "
+                                              "pair once, 5 runs not 14 (a quicker, weaker run)"),
     "--no-server": dict(action="store_true", help="skip the llama-server runs"),
 }
 #: what a verb may set of a shared flag besides its meaning

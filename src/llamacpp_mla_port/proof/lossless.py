@@ -295,10 +295,20 @@ def _matrix(draft_lengths, p_min_on: float):
     return [(k, fa, p) for k in draft_lengths for fa in (False, True) for p in (0.0, p_min_on)]
 
 
+def _covering(draft_lengths, p_min_on: float):
+    """Every draft length and every (flash attention, p_min) pair at least once: for 1/3/7,
+    4 of the matrix's 12 (smoke --quick)."""
+    pairs = [(False, 0.0), (True, p_min_on), (True, 0.0), (False, p_min_on)]
+    n = max(len(draft_lengths), len(pairs))
+    return [(draft_lengths[min(i, len(draft_lengths) - 1)], *pairs[i % len(pairs)]) for i in range(n)]
+
+
 def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server: bool = True, simple: bool = True,
                  draft_lengths=(1, 3, 7), p_min_on: float = 0.5, n_prompts: int = 20, threads: int = 2,
-                 log=print, extra=(), draft_cache: str | None = None) -> dict:
+                 log=print, extra=(), draft_cache: str | None = None, every_combination: bool = True) -> dict:
     """The whole lossless matrix; every mismatch is listed in the report (`n_mismatches`).
+    `every_combination` False: the bigram draft runs each draft length and each (flash
+    attention, p_min) pair once (_covering), the random one the longest length only.
     `extra` goes last on every speculative-simple and server command line (placement, e.g.
     `-ngl 99 -ngld 99` for target and draft on a GPU). `draft_cache` (a cache type, e.g.
     q8_0) adds speculative-simple rows of the bigram-blocks draft with that draft K/V cache
@@ -311,11 +321,13 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
 
     report: dict = {"n_prompts": len(prompts), "n_predict": N_PREDICT, "bigram_entries": pair.bigram_entries,
                     "target": "kimi-k3 MKKMKK (MLA/KDA hybrid), attn_res block 2", "taps_llama": [1, 3, 5],
-                    "speculative_simple": [], "server": [], "placement": " ".join(map(str, extra)) or "default"}
+                    "speculative_simple": [], "server": [], "placement": " ".join(map(str, extra)) or "default",
+                    "every_combination": every_combination}
     mismatches: list[str] = []
     # the bigram draft runs the whole matrix; the random one (acceptance ~0) a corner of it
-    plan = [("bigram", c) for c in _matrix(draft_lengths, p_min_on)]
-    plan += [("random", (k, False, 0.0)) for k in draft_lengths[-2:]]
+    combos = _matrix if every_combination else _covering
+    plan = [("bigram", c) for c in combos(draft_lengths, p_min_on)]
+    plan += [("random", (k, False, 0.0)) for k in draft_lengths[-2 if every_combination else -1:]]
 
     def simple_over_prompts(draft: Path, k: int, fa: bool, p_min: float, label: str, args=extra):
         """speculative-simple on every prompt: (identical, drafted, accepted); mismatches listed."""

@@ -9,7 +9,9 @@ Stages (each is recorded in the report; a failing stage fails the run, later sta
              and the reference emulating the CPU backend's roundings (the others); per mode the
              headroom of its bound on this machine (report["parity_modes"])
   target     proof.target_features: the Kimi-K3 layer inputs == the block-local prefix stream
-  lossless   proof.lossless: llama-speculative-simple and llama-server (-np 2) == target alone
+  lossless   proof.lossless: llama-speculative-simple and llama-server (-np 2) == target alone,
+             draft lengths 1/3/7 x flash attention x p_min (--quick: each length and each
+             flash attention / p_min pair once, 5 runs of each program instead of 14)
 The tree and build default to the tool's work tree; MLA_PORT_TREE / MLA_PORT_BUILD
 (or --tree/--build-dir) point elsewhere.
 """
@@ -133,11 +135,9 @@ def run_smoke(where: Build, work: Path | None = None, no_build: bool = False, se
         report["target_side"] = stages.run("target", lambda: target_side_check(tree, build, work, target))
 
         from llamacpp_mla_port.proof.lossless import run_lossless
-        lengths = (3,) if quick else (1, 3, 7)
         lossless = stages.run("lossless", lambda: run_lossless(tree, build, work / "lossless", target,
-                                                               server=server,
-                                                               draft_lengths=lengths, threads=threads,
-                                                               log=_log))
+                                                               server=server, every_combination=not quick,
+                                                               threads=threads, log=_log))
         if lossless is not None:
             report["lossless"] = lossless
             bigram_accepted = sum(r["accepted"] for r in lossless["speculative_simple"] if r["draft"] == "bigram")
