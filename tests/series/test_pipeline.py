@@ -4,7 +4,9 @@ Obtaining and applying from scratch is what a few tests check (test_patch_applie
 relative work dirs, the interrupted runs, the git sources); the others start from the module's
 one applied work tree: a test that only reads it (a render that fails, a render twice) gets
 that tree (`shared`, checked unchanged after the test), a test that changes it gets a copy
-(`copied`) instead of obtaining and applying the series again.
+(`copied`) instead of obtaining and applying the series again. The git-source tests start
+from a copy of one packed cache holding the sdist import (`packed_cache`); a fresh import into
+an empty cache is test_auto_falls_back_to_sdist_on_network_failure's.
 """
 
 from __future__ import annotations
@@ -54,6 +56,26 @@ def applied(tmp_path_factory, sdist_tarball) -> pipeline.Options:
                             source="sdist", sdist_file=sdist_tarball)
     pipeline.patch(opts, log=lambda *_: None)
     return opts
+
+
+@pytest.fixture(scope="module")
+def packed_cache(tmp_path_factory, pin, sdist_tarball) -> Path:
+    """A cache holding the pin's sdist import, its objects in one pack: a git fetch from it (or
+    from a repository borrowing its objects) sends the pack as it is, where thousands of loose
+    objects, as an import leaves them, are compressed again on every fetch (seconds each)."""
+    root = tmp_path_factory.mktemp("packed-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLA_PORT_CACHE", str(root))
+        obtain.import_sdist(pin, sdist_tarball, log=lambda *_: None)
+        git.run(obtain.cache_repo(), "repack", "-a", "-d", "-q")
+    return root
+
+
+def _own_cache(monkeypatch, packed_cache: Path, dst: Path) -> None:
+    """This test's cache: a copy of the packed one (its pack hard-linked), the pin's sdist in it."""
+    dst.mkdir()
+    git.run(dst, "clone", "-q", "--mirror", "--local", str(packed_cache / "base.git"), str(dst / "base.git"))
+    monkeypatch.setenv("MLA_PORT_CACHE", str(dst))
 
 
 def _tree_state(opts: pipeline.Options) -> tuple:
@@ -226,9 +248,9 @@ def test_commit_that_changes_nothing_is_reported(tmp_path, shared):
 
 
 # ------------------------------------------------------------------------ sources
-def test_sdist_and_git_sources_give_the_same_tree(tmp_path, pin, sdist_tarball, monkeypatch):
+def test_sdist_and_git_sources_give_the_same_tree(tmp_path, pin, sdist_tarball, monkeypatch, packed_cache):
     """A bare repo made from the sdist tree, served as the git source, yields the same tree."""
-    monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
+    _own_cache(monkeypatch, packed_cache, tmp_path / "cache")
     sd = obtain.import_sdist(pin, sdist_tarball, log=lambda *_: None)
     # an independent git repo of the same files, committed by someone else
     work = tmp_path / "upstream-clone"
@@ -302,9 +324,10 @@ def test_a_pin_without_a_commit_names_its_tree_and_needs_one(tmp_path, pin):
         load_pin(tmp_path / "bare.toml")
 
 
-def test_a_tag_pin_fetches_the_tag_and_checks_its_tree(tmp_path, pin, sdist_tarball, monkeypatch):
+def test_a_tag_pin_fetches_the_tag_and_checks_its_tree(tmp_path, pin, sdist_tarball, monkeypatch, packed_cache):
     """`--source git` of a pin without a commit: the tag is fetched, and a tag whose tree is not
     the pinned one is refused (the control: a tree id one digit off)."""
+    monkeypatch.setenv("MLA_PORT_CACHE", str(packed_cache))     # read only: the sdist is there
     real = obtain.obtain(pin, "sdist", sdist_file=sdist_tarball, log=lambda *_: None)
     up = tmp_path / "up.git"
     git.run(tmp_path, "init", "-q", "--bare", str(up))
@@ -469,9 +492,9 @@ def test_cli_reports_user_errors_without_traceback(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, monkeypatch):
+def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, monkeypatch, packed_cache):
     """A depth-1 git cache still makes work trees, and a new pin moves an applied tree."""
-    monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
+    _own_cache(monkeypatch, packed_cache, tmp_path / "cache")
     sd = obtain.import_sdist(pin, sdist_tarball, log=lambda *_: None)
     work = tmp_path / "upstream-clone"
     git.run(tmp_path, "clone", "-q", obtain.cache_repo().git_dir, str(work), "--no-checkout")
