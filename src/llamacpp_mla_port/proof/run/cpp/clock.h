@@ -1,8 +1,11 @@
-// Clocks shared by the timing programs (draft-bench, ggml-floor).
+// Clocks and sample lists shared by the timing programs (draft-bench, verify-bench, ggml-floor).
 #pragma once
 
 #include <chrono>
+#include <cstdio>
 #include <ctime>
+#include <string>
+#include <vector>
 
 // wall time, monotonic
 inline double now_s() {
@@ -15,4 +18,15 @@ inline double cpu_s() {
     timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// timed samples as a JSON list, 6 significant digits each
+inline std::string json_samples(const std::vector<double> & v) {
+    std::string o = "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%.6g", v[i]);
+        o += (i ? "," : "") + std::string(buf);
+    }
+    return o + "]";
 }

@@ -179,16 +179,6 @@ static gemm_result run_gemm(ggml_backend_t backend, ggml_backend_dev_t dev, cons
     return res;
 }
 
-static std::string json_list(const std::vector<double> & v) {
-    std::string o = "[";
-    for (size_t i = 0; i < v.size(); ++i) {
-        char buf[32];
-        std::snprintf(buf, sizeof(buf), "%.6g", v[i]);
-        o += (i ? "," : "") + std::string(buf);
-    }
-    return o + "]";
-}
-
 int main(int argc, char ** argv) {
     int threads = 2, passes = 5, repeats = 3;
     size_t bw_mib = 2048;
@@ -255,14 +245,14 @@ int main(int argc, char ** argv) {
 
     std::ofstream o(out);
     o << "{\n  \"threads\": " << threads << ",\n  \"bandwidth\": {\"bytes\": " << (bw_mib << 20)
-      << ", \"gbps\": " << json_list(bw) << ", \"cpu_share\": " << json_list(bw_cpu)
-      << ", \"gbps_1_thread\": " << json_list(bw1) << "},\n  \"extra_bufts\": " << (extra_bufts ? "true" : "false")
+      << ", \"gbps\": " << json_samples(bw) << ", \"cpu_share\": " << json_samples(bw_cpu)
+      << ", \"gbps_1_thread\": " << json_samples(bw1) << "},\n  \"extra_bufts\": " << (extra_bufts ? "true" : "false")
       << ",\n  \"gemm\": [";
     for (size_t i = 0; i < gemms.size(); ++i) {
         const auto & r = gemms[i];
         o << (i ? ",\n    " : "\n    ") << "{\"type\": \"" << r.spec.type << "\", \"k\": " << r.spec.k << ", \"m\": " << r.spec.m
-          << ", \"n\": " << r.spec.n << ", \"buft\": \"" << r.buft << "\", \"seconds\": " << json_list(r.seconds)
-          << ", \"cpu_seconds\": " << json_list(r.cpu_seconds) << "}";
+          << ", \"n\": " << r.spec.n << ", \"buft\": \"" << r.buft << "\", \"seconds\": " << json_samples(r.seconds)
+          << ", \"cpu_seconds\": " << json_samples(r.cpu_seconds) << "}";
     }
     o << "]\n}\n";
     ggml_backend_free(backend);

@@ -130,16 +130,6 @@ static args_t parse_args(int argc, char ** argv) {
     return a;
 }
 
-static std::string json_list(const std::vector<double> & v) {
-    std::string o = "[";
-    for (size_t i = 0; i < v.size(); ++i) {
-        char buf[32];
-        std::snprintf(buf, sizeof(buf), "%.6g", v[i]);
-        o += (i ? "," : "") + std::string(buf);
-    }
-    return o + "]";
-}
-
 // the router's choices: every ffn_moe_topk-IL node, ids [n_used, n_tokens] (I32)
 struct topk_state {
     bool on = false;
@@ -469,7 +459,7 @@ static int run(int argc, char ** argv) {
         o << "  \"" << key << "\": {";
         bool first = true;
         for (const auto & it : m) {
-            o << (first ? "" : ", ") << "\"" << it.first << "\": " << json_list(it.second);
+            o << (first ? "" : ", ") << "\"" << it.first << "\": " << json_samples(it.second);
             first = false;
         }
         o << "}" << (last ? "\n" : ",\n");
