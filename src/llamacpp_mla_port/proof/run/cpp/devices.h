@@ -24,6 +24,15 @@ inline std::vector<std::string> split_list(const std::string & s) {
     return out;
 }
 
+// "1,3,7" as ints (empty items skipped)
+inline std::vector<int> parse_ints(const std::string & s) {
+    std::vector<int> v;
+    for (const std::string & item : split_list(s)) {
+        v.push_back(std::stoi(item));
+    }
+    return v;
+}
+
 // a NULL-terminated device list for llama_model_params.devices (empty: the CPU only)
 inline std::vector<ggml_backend_dev_t> parse_devices(const std::string & names) {
     std::vector<ggml_backend_dev_t> devs;

@@ -72,18 +72,6 @@ static void usage() {
         "  --bw-mib M: time a read of an M MiB buffer right before every timed pass (0: off)\n");
 }
 
-static std::vector<int> parse_ints(const std::string & s) {
-    std::vector<int> v;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        if (!item.empty()) {
-            v.push_back(std::stoi(item));
-        }
-    }
-    return v;
-}
-
 static args_t parse_args(int argc, char ** argv) {
     args_t a;
     for (int i = 1; i < argc; ++i) {

@@ -65,14 +65,6 @@ static void usage() {
         "  --state-dir DIR: the prompt's state per context kind is saved there once and loaded by later runs\n");
 }
 
-static std::vector<int> parse_ints(const std::string & s) {
-    std::vector<int> v;
-    for (const std::string & item : split_list(s)) {
-        v.push_back(std::stoi(item));
-    }
-    return v;
-}
-
 static args_t parse_args(int argc, char ** argv) {
     args_t a;
     for (int i = 1; i < argc; ++i) {
