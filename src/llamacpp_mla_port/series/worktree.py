@@ -88,8 +88,11 @@ class Workspace:
         return repo
 
     def _create(self, base: Base, upstream_commit: str, log) -> None:
-        partial = self.tree.with_name(f".{self.tree.name}.partial")     # renamed into place when whole
-        shutil.rmtree(partial, ignore_errors=True)      # an interrupted earlier run
+        # built under a name of this run's own, renamed into place when whole: a git that an
+        # interrupted earlier run left behind (its own session) may still write into its folder
+        for stale in self.tree.parent.glob(f".{self.tree.name}.partial*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        partial = self.tree.with_name(f".{self.tree.name}.partial-{os.getpid()}")
         partial.parent.mkdir(parents=True, exist_ok=True)
         cache = cache_repo()
         if (Path(cache.git_dir) / "shallow").exists():
