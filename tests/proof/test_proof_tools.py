@@ -134,3 +134,20 @@ def test_target_features_command(patched_tree, llama_build, tmp_path, capsys):
                                "--build", str(llama_build)])
     assert rc != 0
     assert "layer 7 out of range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("death, reruns", [("kill -ILL $$", True), ("kill -ABRT $$", True), ("exit 3", False)])
+def test_a_program_killed_by_a_signal_reruns_with_extra_buffer_types_off(tmp_path, death, reruns):
+    """Only a death by signal reruns (with --no-extra-bufts, and a note naming the signal); a
+    program's own refusal (exit 3) is its answer, and a run that already had the flag is final."""
+    from llamacpp_mla_port.proof.run.programs import NO_EXTRA_BUFTS, run_with_default_bufts
+    prog = tmp_path / "prog"
+    prog.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = {NO_EXTRA_BUFTS} ] && exit 0; done\n{death}\n')
+    prog.chmod(0o755)
+    proc, argv, note = run_with_default_bufts([prog, "--x"], timeout=30)
+    assert (proc.returncode == 0) == reruns and (argv[-1] == NO_EXTRA_BUFTS) == reruns
+    assert (note is not None) == reruns
+    if reruns:
+        assert death.split()[1][1:] in note and "--no-repack" in note
+    proc, argv, note = run_with_default_bufts([prog, "--x", NO_EXTRA_BUFTS], timeout=30)
+    assert proc.returncode == 0 and note is None and argv.count(NO_EXTRA_BUFTS) == 1

@@ -94,7 +94,7 @@ def measure_costs(tree: Path, build: Path, target: Path, draft: Path, out: Path,
                                              expert_blocks=st.expert_blocks if r == 0 else 0,
                                              state_dir=out / "states" / Path(target).stem)
                 verify_runs.append(res)
-                commands["verify"] = " ".join(map(str, argv))
+                commands["verify"] = _shown(argv, res["note"])
                 continue
             args = ["--block", k, "--block-ctx", st.block_ctx, "--repeats", st.draft_repeats, "--threads",
                     st.threads, "--flash-attn", "on", "--min-seconds", st.draft_min_seconds,
@@ -103,10 +103,15 @@ def measure_costs(tree: Path, build: Path, target: Path, draft: Path, out: Path,
             blocks[k] += res["block_seconds"]
             for n in INJECT_ROWS:
                 inject[n] += res["inject"].get(str(n), [])
-            commands[f"draft_k{k}"] = " ".join(map(str, argv))
+            commands[f"draft_k{k}"] = _shown(argv, res["note"])
     verify = summarize(verify_runs)
     return verify, {k: _median(v) for k, v in blocks.items()}, {n: _median(v) for n, v in inject.items() if v}, \
         commands
+
+
+def _shown(argv: list, note: str | None) -> str:
+    """A command line as the report lists it, with why extra buffer types were off, if they were."""
+    return " ".join(map(str, argv)) + (f"   ({note})" if note else "")
 
 
 def acceptance_curves(build: Path, target: Path, draft: Path, prompts: list[str] | None, st: Settings,

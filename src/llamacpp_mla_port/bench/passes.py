@@ -26,25 +26,27 @@ from llamacpp_mla_port.bench import floors as fl
 from llamacpp_mla_port.bench import sweep as sw
 from llamacpp_mla_port.bench.context import BLOCK, BLOCK_CTX, BenchRun
 from llamacpp_mla_port.bench.models import INJECT_SIZES, KV_POS0
-from llamacpp_mla_port.errors import ProcessError, ProofError
+from llamacpp_mla_port.errors import ProofError
 from llamacpp_mla_port.proof.reference.model import nmse
-from llamacpp_mla_port import process
+from llamacpp_mla_port.proof.run.programs import NO_EXTRA_BUFTS, run_with_default_bufts
 
 PASS_MIN_SECONDS = 5     # each pass repeats until its timed runs add up to this (inject 1: ~200, block: ~6)
 
 
 def run_draft_bench(exe: Path, draft: Path, target: Path, out: Path, args: list, extra_bufts: bool = True,
                     timeout: float = 1800) -> tuple[dict, list]:
-    """draft-bench once: (its JSON plus the peak RSS, the command line)."""
+    """draft-bench once: (its JSON plus the peak RSS and `note`, the command line); run again with
+    extra buffer types off where it dies of a signal (programs.run_with_default_bufts)."""
     argv = [exe, "--draft", draft, "--target", target, "--out", out, *args]
     if not extra_bufts:
-        argv.append("--no-extra-bufts")
-    proc = process.run(argv, timeout=timeout)
+        argv.append(NO_EXTRA_BUFTS)
+    proc, argv, note = run_with_default_bufts(argv, timeout)
     if proc.returncode != 0:
         raise ProofError(f"draft-bench failed (exit {proc.returncode}): {proc.stderr[-1500:]}",
                          hint=" ".join(map(str, argv)))
     res = json.loads(Path(out).read_text())
     res["peak_rss_bytes"] = proc.peak_rss_bytes
+    res["note"] = note
     return res, argv
 
 
@@ -70,16 +72,10 @@ def passes(run: BenchRun) -> None:
              "--flash-attn", "on", "--min-seconds", PASS_MIN_SECONDS, "--bw-mib", fl.BW_MIB]
     runs: dict[str, dict] = {}
     for wt in ("bf16", "q8_0"):
-        extra, note = True, None
-        try:
-            res = _draft_bench(run, wt, "timed", timed, extra)
-        except (ProofError, ProcessError) as err:
-            # upstream: on this machine an extra buffer type (AMX) takes Q8_0 weights no kernel of the
-            # MLA graph can then run (scheduler assert), or its kernel faults: the user's -nr / --no-repack
-            extra = False
-            note = (f"default buffer types failed ({str(err).splitlines()[0][:300]}); "
-                    "measured with extra buffer types off (llama.cpp's --no-repack)")
-            res = _draft_bench(run, wt, "timed", timed, extra)
+        # an extra buffer type (AMX) whose kernel faults on this machine: the rest of the block
+        # runs as the first pass did, extra buffer types off (run_draft_bench)
+        res = _draft_bench(run, wt, "timed", timed, True)
+        extra, note = res["extra_bufts"], res["note"]
         one: dict = {"extra": extra, "note": note, "timed": res}
         if wt == "bf16":
             one["fa-off"] = _draft_bench(run, wt, "fa-off", ["--inject", "", "--repeats", run.repeats,

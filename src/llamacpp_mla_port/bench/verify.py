@@ -6,7 +6,8 @@ configures it for a draft of length max(N) - 1 (n_rs_seq snapshots, the draft's 
 each speculative pass followed by the rollback of a fully rejected block; and, untimed, the
 router's choices (distinct experts per MoE layer and step).
 
-    run_verify_bench(exe, target, out, ...) -> (dict, argv)   one process
+    run_verify_bench(exe, target, out, ...) -> (dict, argv)   one process (again with extra
+        buffer types off where it dies of a signal; the result's `note` says so)
     summarize(results) -> VerifyCost                          medians over the processes' runs
     expert_bounds(n_expert, n_used, n) -> (identical, independent)
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port import process
+from llamacpp_mla_port.proof.run.programs import run_with_default_bufts
 
 VERIFY_N = tuple(range(1, 9))
 
@@ -37,12 +38,13 @@ def run_verify_bench(exe: Path, target: Path, out: Path, threads: int, depth: in
     if state_dir is not None:
         Path(state_dir).mkdir(parents=True, exist_ok=True)
         argv += ["--state-dir", state_dir]
-    proc = process.run(argv, timeout=timeout)
+    proc, argv, note = run_with_default_bufts(argv, timeout)
     if proc.returncode != 0:
         raise ProofError(f"verify-bench failed on {Path(target).name} (exit {proc.returncode}):\n"
                          f"{(proc.stderr or proc.stdout)[-1500:]}", hint=" ".join(map(str, argv)))
     res = json.loads(Path(out).read_text())
     res["peak_rss_bytes"] = proc.peak_rss_bytes
+    res["note"] = note
     return res, argv
 
 

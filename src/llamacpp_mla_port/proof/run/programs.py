@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 from llamacpp_mla_port import project
@@ -101,3 +102,23 @@ def ggml_cpu_features(tree: Path, build_dir: Path) -> dict[str, int]:
         raise BuildError(f"{exe.name} failed (exit {proc.returncode}): {proc.stderr[-1000:]}",
                          hint=f"rerun `{exe}` to see the error")
     return json.loads(proc.stdout)
+
+
+#: the flag of draft-bench and verify-bench that puts weights in plain CPU buffers (--no-repack)
+NO_EXTRA_BUFTS = "--no-extra-bufts"
+
+
+def run_with_default_bufts(argv: list, timeout: float):
+    """A proof program with llama.cpp's buffer types; where it dies of a signal, again with extra
+    buffer types off (ggml's AMX Q8_0 tile path as GCC 12 builds it raises SIGILL, the base too,
+    upstream PR #26954). (the finished run, its argv, the note saying why extra types are off)."""
+    proc = run(argv, timeout=timeout)
+    if proc.returncode >= 0 or NO_EXTRA_BUFTS in map(str, argv):
+        return proc, argv, None
+    try:
+        died = signal.Signals(-proc.returncode).name
+    except ValueError:
+        died = f"signal {-proc.returncode}"
+    argv = [*argv, NO_EXTRA_BUFTS]
+    return run(argv, timeout=timeout), argv, (f"default buffer types died of {died}; measured with extra "
+                                                 "buffer types off (llama.cpp's --no-repack)")

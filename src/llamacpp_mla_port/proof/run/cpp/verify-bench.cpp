@@ -49,6 +49,7 @@ struct args_t {
     int32_t expert_blocks = 8;
     uint32_t seed = 1234;
     bool verbose = false;
+    bool extra_bufts = true;
 };
 
 static void usage() {
@@ -57,12 +58,13 @@ static void usage() {
         "                    [--threads N] [--rs-seq R] [--draft D.gguf | --taps 3,24,...]\n"
         "                    [--tokens ids.npy|1,2,3 | --text FILE]\n"
         "                    [--seed S] [--flash-attn auto|on|off] [--expert-blocks B] [--target-devices DEV,...]\n"
-        "                    [--state-dir DIR] [--verbose]\n"
+        "                    [--state-dir DIR] [--verbose] [--no-extra-bufts]\n"
         "  --rs-seq R: rollback snapshots of the spec context (default max(n) - 1, as common_speculative sets\n"
         "              n_rs_seq = --spec-draft-n-max); --draft/--taps: the layer inputs the spec context extracts\n"
         "  --tokens / --text: the prompt (depth tokens) and what follows (the verified blocks), as ids or as text\n"
         "              the target's tokenizer reads (repeated when short); default seeded random ids\n"
-        "  --state-dir DIR: the prompt's state per context kind is saved there once and loaded by later runs\n");
+        "  --state-dir DIR: the prompt's state per context kind is saved there once and loaded by later runs\n"
+        "  --no-extra-bufts: weights in plain CPU buffers (llama.cpp's --no-repack: no AMX, no repacking)\n");
 }
 
 static args_t parse_args(int argc, char ** argv) {
@@ -93,6 +95,7 @@ static args_t parse_args(int argc, char ** argv) {
         else if (k == "--target-devices") a.devices = val();
         else if (k == "--state-dir")     a.state_dir = val();
         else if (k == "--verbose")       a.verbose = true;
+        else if (k == "--no-extra-bufts") a.extra_bufts = false;
         else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
         else { usage(); die("unknown argument " + k); }
     }
@@ -156,6 +159,7 @@ static int run(int argc, char ** argv) {
     const int n_max = *std::max_element(args.n.begin(), args.n.end());
     const std::vector<ggml_backend_dev_t> devs = parse_devices(args.devices);
     llama_model_params mp = placed_params(devs);
+    mp.use_extra_bufts = args.extra_bufts;
 
     std::vector<int32_t> taps;
     if (!args.taps.empty()) {
@@ -458,6 +462,7 @@ static int run(int argc, char ** argv) {
     };
     o << "{\n  \"threads\": " << args.threads << ",\n"
       << "  \"depth\": " << args.depth << ",\n"
+      << "  \"extra_bufts\": " << (args.extra_bufts ? "true" : "false") << ",\n"
       << "  \"rounds\": " << args.rounds << ",\n"
       << "  \"rs_seq\": " << args.rs_seq << ",\n"
       << "  \"rs_seq_effective\": " << llama_n_rs_seq(ctx_spec) << ",\n"
