@@ -233,9 +233,12 @@ def thread_rows(bins: dict[str, Path], groups: list[dict], out_jsonl: Path, rema
                 log=print, save: Callable[[dict], None] = lambda rep: None) -> dict:
     """Every group of `groups` whose time fits, sides in ABBA order (module doc); rows labelled
     `build_commit` = the side (base or the stack's name) into out_jsonl, the report handed to
-    `save` after every group. A run cut by the time left ends the rows."""
+    `save` after every group. A run cut by the time left ends the rows. A group at llama.cpp's
+    default repacking that dies of a signal (ggml's AMX Q8_0 tile path as GCC 12 builds it raises
+    SIGILL, the base too) runs again with --repack 0, and so does every later one: noted."""
     rep: dict = {"groups": [], "dropped": [], "jsonl": str(out_jsonl)}
     measured: dict = {}
+    no_repack: str | None = None
     out_jsonl.parent.mkdir(parents=True, exist_ok=True)
     with open(out_jsonl, "a") as fh:
         for i, g in enumerate(groups):
@@ -243,13 +246,18 @@ def thread_rows(bins: dict[str, Path], groups: list[dict], out_jsonl: Path, rema
             if remaining() < est * 1.3 + 10:
                 rep["dropped"].append({**g, "why": f"{remaining():.0f} s left, ~{est:.0f} s needed"})
                 continue
-            t0, runs, rows = time.monotonic(), [], []
-            for side in ["base", g["stack"], g["stack"], "base"] * (ROUNDS // 2):
-                res = llama_bench(bins[side], Path(g["model"]), g["args"], timeout=max(10.0, remaining() - 10))
-                runs.append({"side": side, "outcome": res["outcome"], "command": res["command"]})
-                for row in res["rows"]:
-                    fh.write(json.dumps({**row, "build_commit": side}) + "\n")
-                rows += [{**r, "side": side} for r in res["rows"]]
+            t0 = time.monotonic()
+            if no_repack and "--repack" not in g["args"]:
+                g = {**_without_repacking(g), "note": no_repack}
+            runs, rows = _abba(bins, g, remaining)
+            crashed = [r["outcome"] for r in runs if r["outcome"].startswith("crashed")]
+            if crashed and "--repack" not in g["args"] and remaining() > est + 20:
+                no_repack = f"llama.cpp's default repacking {crashed[0]}; rows at --repack 0"
+                g = {**_without_repacking(g), "note": no_repack}
+                runs, rows = _abba(bins, g, remaining)
+            for row in rows:
+                fh.write(json.dumps({k: v for k, v in row.items() if k != "side"} | {"build_commit": row["side"]})
+                         + "\n")
             fh.flush()
             measured[(g["model"], g["args"][-1]), g["threads"]] = (time.monotonic() - t0) / (2 * ROUNDS)
             rep["groups"].append({**g, "runs": runs, "ratios": ratios(rows, g["stack"])})
@@ -260,6 +268,23 @@ def thread_rows(bins: dict[str, Path], groups: list[dict], out_jsonl: Path, rema
                 rep["dropped"] += [{**h, "why": "the time ran out during the group before"} for h in groups[i + 1:]]
                 break
     return rep
+
+
+def _abba(bins: dict[str, Path], g: dict, remaining: Callable[[], float]) -> tuple[list[dict], list[dict]]:
+    """One group's runs in ABBA order: (each run's side, outcome and command; its rows, by side)."""
+    runs, rows = [], []
+    for side in ["base", g["stack"], g["stack"], "base"] * (ROUNDS // 2):
+        res = llama_bench(bins[side], Path(g["model"]), g["args"], timeout=max(10.0, remaining() - 10))
+        runs.append({"side": side, "outcome": res["outcome"], "command": res["command"]})
+        rows += [{**r, "side": side} for r in res["rows"]]
+    return runs, rows
+
+
+def _without_repacking(g: dict) -> dict:
+    """Group `g` at --repack 0, the context depth kept last (the rows' key)."""
+    args = list(g["args"])
+    at = args.index("-d")
+    return {**g, "args": [*args[:at], "--repack", "0", *args[at:]]}
 
 
 def ratios(rows: list[dict], stack: str) -> dict[str, float]:

@@ -189,8 +189,12 @@ def _threads(r: dict, gpu: bool) -> list[str]:
              "thread-rows.jsonl -b base -c STACK` tables them).", "",
              "| stack | model type | threads | depth | stack / base (median t/s) |", "|---|---|---|---|---|"]
     for g in t["groups"]:
-        lines.append(f"| {g['stack']} | {g.get('type', '-')} | {g['threads']} | {g['args'][-1]} | "
+        lines.append(f"| {g['stack']}{' (--repack 0)' if g.get('note') else ''} | {g.get('type', '-')} | "
+                     f"{g['threads']} | {g['args'][-1]} | "
                      + ", ".join(f"{k} {v:.2f}x" for k, v in g["ratios"].items()) + " |")
+    notes = sorted({g["note"] for g in t["groups"] if g.get("note")})
+    if notes:
+        lines += ["", "At --repack 0 where marked so: " + "; ".join(notes) + "."]
     dropped = "; ".join(f"{d['stack']} -t {d['threads']} -d {d['args'][-1]} ({d['why']})" for d in t["dropped"])
     lines += ["", f"Dropped for lack of time: {dropped or 'none'}.", ""]
     return lines
