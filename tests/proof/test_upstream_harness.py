@@ -261,7 +261,10 @@ def test_pair_check_test_fails_without_its_fixes(pin, sdist_tarball, tmp_path):
 def test_kimi_k3_layer_inputs_are_read_in_test_llama_archs(llama_build):
     """test-llama-archs asks a kimi-k3 model for every layer's input after a decode, as a DFlash,
     DSpark or EAGLE3 draft paired with it does, and finds them finite."""
-    rc, text = _run_archs(llama_build, 1, "kimi-k3")
+    for _ in range(3):      # the summary is the log's last line, the one common's logger can drop
+        rc, text = _run_archs(llama_build, 1, "kimi-k3")
+        if "Summary:" in text:
+            break
     assert rc == 0, text[-3000:]
     assert _cpu_rows(text, "kimi-k3") == {"MoE": "OK"}, text[-3000:]
     assert "Summary: all 1 test(s) passed" in text, text[-2000:]
