@@ -8,7 +8,10 @@ the draft context exists (common_speculative_check_draft). A fitting draft is th
 it runs. Drafts of the other kinds keep their own rules: a DFlash draft converted without a
 mask token (as conversion/qwen.py writes one when the config has none) is refused for its
 block, and EAGLE3 drafts of their own width, without a mask token, with repeated taps and a
-d2t vocabulary run against upstream's tiny Qwen3 target and give the target's own text.
+d2t vocabulary run against upstream's tiny Qwen3 target and give the target's own text, while
+those that would abort in their graph (own width without their own token_embd or output head, a
+d2t that is not I64 or maps more tokens than the vocabulary, a wrong target_hidden_size) are
+refused with exit 1 and the reason.
 """
 
 from __future__ import annotations
@@ -201,19 +204,22 @@ EAGLE3_LAYOUTS = {
 }
 
 
-def _write_eagle3(path: Path, target: Path, n_embd: int | None, own: bool, n_d2t: int) -> Path:
-    """An EAGLE3 GGUF with random weights, no mask token, taps [0, 1, 1] of a 2-layer target."""
+def _write_eagle3(path: Path, target: Path, n_embd: int | None, own: bool, n_d2t: int, own_output: bool | None = None,
+                  d2t_dtype=np.int64, hidden: int | None = None) -> Path:
+    """An EAGLE3 GGUF with random weights, no mask token, taps [0, 1, 1] of a 2-layer target;
+    `own`: its own token_embd and (unless own_output says otherwise) output head; `hidden`: the
+    target_hidden_size it declares (default the target's n_embd)."""
     import gguf
-    from gguf import GGUFValueType as T
 
     n_embd_tgt, n_vocab, tok_kvs = _target_info(target)
     n_embd = n_embd or n_embd_tgt
+    own_output = own if own_output is None else own_output
     n_head, n_kv, n_ff, n_out = 4, 1, 256, n_d2t or n_vocab
     hd = n_embd // n_head
     writer = gguf.GGUFWriter(str(path) + ".tmp", arch="eagle3")
     for key, value in (("context_length", 4096), ("embedding_length", n_embd), ("block_count", 1),
                        ("feed_forward_length", n_ff), ("attention.head_count", n_head),
-                       ("attention.head_count_kv", n_kv), ("target_hidden_size", n_embd_tgt)):
+                       ("attention.head_count_kv", n_kv), ("target_hidden_size", hidden or n_embd_tgt)):
         writer.add_uint32(f"eagle3.{key}", value)
     writer.add_float32("eagle3.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_array("eagle3.target_layers", [0, 1, 1])
@@ -221,10 +227,11 @@ def _write_eagle3(path: Path, target: Path, n_embd: int | None, own: bool, n_d2t
         if key != "tokenizer.ggml.mask_token_id":
             writer.add_key_value(key, value, vtype, sub_type)
     t = _Tensors(7, 0.05)
-    t.linear("fc.weight", (n_embd, 3 * n_embd_tgt))
+    t.linear("fc.weight", (n_embd, 3 * (hidden or n_embd_tgt)))
     t.norm("output_norm.weight", n_embd)
     if own:
         t.linear("token_embd.weight", (n_vocab, n_embd))
+    if own_output:
         t.linear("output.weight", (n_out, n_embd))
     for name in ("attn_norm", "attn_norm_2", "ffn_norm"):
         t.norm(f"blk.0.{name}.weight", n_embd)
@@ -235,7 +242,7 @@ def _write_eagle3(path: Path, target: Path, n_embd: int | None, own: bool, n_d2t
     for name, arr in t.items:
         writer.add_tensor(name, arr)
     if n_d2t:
-        writer.add_tensor("d2t", np.arange(0, 2 * n_d2t, 2, dtype=np.int64))
+        writer.add_tensor("d2t", np.arange(0, 2 * n_d2t, 2).astype(d2t_dtype))
     return finish_gguf(writer, Path(str(path) + ".tmp"), path)
 
 
@@ -258,3 +265,32 @@ def test_eagle3_drafts_keep_their_own_rules(llama_build, qwen3_target, tmp_path,
     assert WHY not in proc.stderr, proc.stderr[-3000:]
     alone = target_alone(llama_build, qwen3_target, prompt, n_predict=8)
     assert same_greedy_output(proc.stdout.strip(), alone), (proc.stdout, alone)
+
+
+#: layout -> (_write_eagle3's arguments, what the refusal must say); the Qwen3 target: n_embd 256,
+#: 128 tokens. The loader refuses a draft it cannot run; the pair check, one its target cannot
+EAGLE3_REFUSED = {
+    "own-width-no-token-embd": ((128, False, 0, True), ["EAGLE3 draft: n_embd = 128, eagle3.target_hidden_size = ",
+                                                       "needs its own token_embd.weight"]),
+    "own-width-no-output": ((128, True, 0, False), ["EAGLE3 draft: n_embd = 128, eagle3.target_hidden_size = ",
+                                                   "needs its own output.weight"]),
+    "d2t-not-i64": ((128, True, 64, None, np.int32), ["EAGLE3 draft: d2t is i32 with 64 entries, expected I64"]),
+    "d2t-past-the-vocabulary": ((128, True, 160), ["EAGLE3 draft: d2t is i64 with 160 entries, expected I64 with "
+                                                   "at most 128 (the vocabulary)"]),
+    "hidden-size": ((128, True, 0, None, np.int64, 64), ["eagle3.target_hidden_size = 64, the target's n_embd = "]),
+}
+
+
+@pytest.mark.parametrize("layout", EAGLE3_REFUSED)
+def test_eagle3_drafts_that_cannot_run_are_refused_with_the_reason(llama_build, qwen3_target, tmp_path, layout):
+    """What aborted in the EAGLE3 graph (a shape assert, the d2t asserts) ends in exit 1 and a
+    line naming the tensor or key: at load for the draft's own file, at pairing for the pair."""
+    args, needles = EAGLE3_REFUSED[layout]
+    draft = _write_eagle3(tmp_path / f"eagle3-{layout}.gguf", qwen3_target, *args)
+    proc = speculative_simple(llama_build, qwen3_target, draft, "draft-eagle3")
+    if proc.returncode == 1 and not all(n in proc.stderr for n in needles):
+        proc = speculative_simple(llama_build, qwen3_target, draft, "draft-eagle3")     # the async logger
+    assert proc.returncode == 1, f"exit {proc.returncode}:\n{proc.stderr[-3000:]}"
+    assert "GGML_ASSERT" not in proc.stderr and "core dumped" not in proc.stderr, proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in proc.stderr, f"{needle!r} not in:\n{proc.stderr[-3000:]}"
