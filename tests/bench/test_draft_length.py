@@ -182,3 +182,15 @@ def test_draft_length_refuses_what_it_cannot_measure(patched_tree, llama_build, 
     assert not (tmp_path / "x" / "report.json").exists()
     rc = _verb(patched_tree, llama_build, "--target", target, "--draft", draft, "--prompts", tmp_path / "p.txt")
     assert rc != 0 and "--prompts" in capsys.readouterr().err
+
+
+def test_the_verbs_help_says_what_it_measures_and_what_it_assumes(capsys):
+    from llamacpp_mla_port.cli import main
+    with pytest.raises(SystemExit) as done:
+        main(["draft-length", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "What it measures" in text and "What it assumes" in text
+    for term in ("T(N)", "T_draft(k)", "acceptance", "experts", "greedy decoding, one sequence",
+                 "speedup(k) = E[tokens per step](k) x T(1) / (T_draft(k) + T(k+1) + rollback)", "break-even"):
+        assert term in text, term
