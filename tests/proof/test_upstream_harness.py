@@ -78,16 +78,18 @@ def test_dflash_drafts_run_paired_with_their_targets(llama_build, seed):
         assert status == "OK", (case, status)
 
 
-#: the EAGLE3 layouts of the pair-check PR's test case: each runs as on the base, the last is refused
+#: the EAGLE3 layouts of the pair-check PR's test case: three run as on the base; "own width" (a
+#: user-made model holds no token_embd of its own) and "hidden size wrong" are refused
 EAGLE3_LAYOUTS = {"target width", "own width", "mask token", "last-layer tap", "hidden size wrong"}
 
 
 @pytest.mark.build
 @pytest.mark.parametrize("seed", [1, 2])
 def test_eagle3_drafts_run_paired_with_their_targets(llama_build, seed):
-    """EAGLE3 drafts of the target's width and of their own, with and without a mask token, with a
-    tap at the target's output: the pair check leaves them running (it refused 3 of these 4 when it
-    judged every draft by the DFlash rules). A d2t vocabulary: tests/proof/test_pairing.py."""
+    """EAGLE3 drafts of the target's width, with and without a mask token, with a tap at the
+    target's output: the pair check leaves them running (it refused 2 of these 3 when it judged
+    every draft by the DFlash rules). Their own width and a d2t vocabulary, from files that hold
+    their own token_embd: tests/proof/test_pairing.py."""
     rc, text, rows = _run_table(llama_build, seed, "eagle3", EAGLE3_LAYOUTS)
     assert rc == 0, text[-3000:]
     assert set(rows) == EAGLE3_LAYOUTS, text[-3000:]
