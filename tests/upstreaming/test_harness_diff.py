@@ -85,6 +85,17 @@ def test_a_case_passing_on_the_base_and_failing_patched_is_a_regression():
     assert "| `x` | native |" in hd.markdown({"results": [{**r, "isa": "native"}]})
 
 
+def test_a_new_case_that_fails_on_the_patched_side_is_not_ok():
+    """The series' own cases: a failing one (an EAGLE3 draft refused where the case expects it to
+    run) is no regression of the base, but the differential must not read ok."""
+    base = hd.backend_ops_results(OPS_OUT)
+    r = hd.compare(base, {**base, "MUL_MAT(new)": "FAIL", "MUL_MAT(other)": "SKIP"}, "x")
+    assert not r["ok"] and not r["regressions"] and r["new_failures"] == ["MUL_MAT(new)"]
+    table = hd.markdown({"results": [{**r, "isa": "native"}]})
+    assert "| 2 (1) | 0 |" in table and "New cases that fail: MUL_MAT(new) (x, native)." in table
+    assert "1 new cases failing: MUL_MAT(new)" in hd._line({**r, "isa": "native"})
+
+
 #: a stand-in for test-llama-archs: prints the table of its ROWS file; its first CUT runs end
 #: mid-row, before the Summary line, as upstream's test does when its log thread is not flushed
 FAKE_ARCHS = """\
@@ -144,7 +155,7 @@ def test_evidence_md_gets_the_stacks_counts_or_the_command_that_makes_them(tmp_p
     (tmp_path / "cpu-demo" / "report.json").write_text(json.dumps(report))
     fresh = hd.evidence_section(tmp_path, "cpu-demo", report["base"])
     assert "no case that passes on the base fails here" in fresh
-    assert "| `test-backend-ops -o MUL_MAT` | native | 2 / 2 | 3 / 3 | 1 | 0 |" in fresh
+    assert "| `test-backend-ops -o MUL_MAT` | native | 2 / 2 | 3 / 3 | 1 (0) | 0 |" in fresh
     assert "Stale" in hd.evidence_section(tmp_path, "cpu-demo", "b11500 (tree 0123456789ab)")
     report["ok"] = False
     (tmp_path / "cpu-demo" / "report.json").write_text(json.dumps(report))
@@ -179,7 +190,7 @@ def test_a_sweep_of_the_same_commits_is_reused_and_a_new_head_reruns(tmp_path, m
     r2 = hd.sweep(None, tmp_path, "demo", "b" * 40, "1" * 40, "b1 (tree x)", **args)
     assert r1 == r2 and runs == [("base", "demo", ("native",), ())]
     assert hd.verdict(tmp_path, "demo", "b1 (tree x)", "1" * 40) is True
-    assert "| `test-llama-archs` | native | 1 / 1 | 1 / 1 | 0 | 0 |" in (tmp_path / "demo" / "report.md").read_text()
+    assert "| `test-llama-archs` | native | 1 / 1 | 1 / 1 | 0 (0) | 0 |" in (tmp_path / "demo" / "report.md").read_text()
     assert hd.verdict(tmp_path, "demo", "b1 (tree x)", "2" * 40) is None
     assert "Stale" in hd.evidence_section(tmp_path, "demo", "b1 (tree x)", "2" * 40)
     hd.sweep(None, tmp_path, "demo", "b" * 40, "2" * 40, "b1 (tree x)", **args)

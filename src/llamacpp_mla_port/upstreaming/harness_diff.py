@@ -6,8 +6,9 @@ users.
 - test-backend-ops -b CPU for the ops the series touches (HARNESS_OPS), in three builds of
   ggml-cpu (ISA_BUILDS): native, AVX2 without AVX-512 and scalar.
 
-A case that passes on the base and not on the patched tree is a regression. The count of
-cases each side ran is reported beside it, so a side that ran nothing is seen (and refused).
+A case that passes on the base and not on the patched tree is a regression, and a case only
+the patched tree runs (the series' own) that fails is one too. The count of cases each side
+ran is reported beside them, so a side that ran nothing is seen (and refused).
 
     run_diff(base_dir, patched_dir, isas, ops, archs, jobs, log) -> dict
     sweep(repo, root, name, base_sha, head_sha, base_label, ...) -> dict   (report.json/.md)
@@ -93,16 +94,18 @@ def backend_ops_results(stdout: str) -> dict[str, str]:
 
 
 def compare(base: dict[str, str], patched: dict[str, str], what: str) -> dict:
-    """Counts per status on each side, and the cases that pass on the base but not patched."""
+    """Counts per status on each side, the cases that pass on the base but not patched, and the
+    patched side's new cases that fail."""
     if not base or not patched:
         side = "base" if not base else "patched"
         raise ProofError(f"{what}: the {side} side ran no case",
                          hint="the binary printed nothing a parser knows: see its log")
     regressions = sorted(k for k, v in base.items() if v == "OK" and patched.get(k) != "OK")
+    new_failures = sorted(k for k, v in patched.items() if k not in base and v == "FAIL")
     return {"what": what, "base": dict(Counter(base.values())), "patched": dict(Counter(patched.values())),
             "base_cases": len(base), "patched_cases": len(patched),
             "new_cases": len(set(patched) - set(base)), "regressions": regressions,
-            "ok": not regressions}
+            "new_failures": new_failures, "ok": not regressions and not new_failures}
 
 
 def run_tool(cmd: list[str], timeout: float, ok: tuple[int, ...] = (0,), env: dict | None = None) -> str:
@@ -292,19 +295,24 @@ def verdict(report_dir: Path, name: str, base: str, head: str | None = None) -> 
 def _line(r: dict) -> str:
     ok_b, ok_p = r["base"].get("OK", 0), r["patched"].get("OK", 0)
     regressed = f": {', '.join(r['regressions'][:5])}" if r["regressions"] else ""
+    new_failures = r.get("new_failures", [])
+    failed = f", {len(new_failures)} new cases failing: {', '.join(new_failures[:5])}" if new_failures else ""
     return (f"{r['what']} ({r['isa']}): base {ok_b}/{r['base_cases']} OK, patched {ok_p}/{r['patched_cases']} OK, "
-            f"{len(r['regressions'])} regressions{regressed}"
+            f"{len(r['regressions'])} regressions{regressed}{failed}"
             + "".join(f"; {s}: {n} runs (a log cut short)" for s, n in r.get("runs", {}).items() if n > 1))
 
 
 def markdown(report: dict) -> str:
     """The table for EVIDENCE.md: base / patched counts per test and build."""
-    lines = ["| test | build | base OK / run | patched OK / run | new cases | passes on base, not patched |",
+    lines = ["| test | build | base OK / run | patched OK / run | new cases (failing) | passes on base, not patched |",
              "|---|---|---|---|---|---|"]
     for r in report["results"]:
         lines.append(f"| `{r['what']}` | {r['isa']} | {r['base'].get('OK', 0)} / {r['base_cases']} | "
-                     f"{r['patched'].get('OK', 0)} / {r['patched_cases']} | {r['new_cases']} | "
-                     f"{len(r['regressions'])} |")
+                     f"{r['patched'].get('OK', 0)} / {r['patched_cases']} | "
+                     f"{r['new_cases']} ({len(r.get('new_failures', []))}) | {len(r['regressions'])} |")
+    failing = [f"{k} ({r['what']}, {r['isa']})" for r in report["results"] for k in r.get("new_failures", [])]
+    if failing:
+        lines += ["", "New cases that fail: " + "; ".join(failing[:10]) + "."]
     rerun = [f"{side} {r['what']} ({r['isa']}): {n} runs" for r in report["results"]
              for side, n in r.get("runs", {}).items() if n > 1]
     if rerun:
@@ -325,6 +333,7 @@ def evidence_section(report_dir: Path, name: str, base: str, head: str | None = 
                                        "test-backend-ops.", ""])
     if report is None:
         return "\n".join(head_lines + [f"{why}: rerun `{command}`.", ""])
-    ok = "no case that passes on the base fails here" if report.get("ok") else "REGRESSIONS"
+    ok = ("no case that passes on the base fails here, and no new case fails" if report.get("ok")
+          else "REGRESSIONS")
     return "\n".join(head_lines + [f"`{command}` ({report.get('seconds')} s): {ok}.", "",
                                    markdown(report)])
