@@ -36,7 +36,7 @@ COMMANDS: dict[str, str] = {
     "device-check": "the pair on a GPU: the offline bundle for a device machine (--dry-run: run it here, CUDA off)",
     "pr": "upstream kit: one folder per PR stack (patches, evidence, checklist), each commit built and linted",
     "rebase": "re-render the series against a newer upstream and move the pin forward",
-    "harness-diff": "upstream's own tests on the base and patched, same flags: no case that passes on the base fails",
+    "harness-diff": "upstream's own tests on the base and patched, same flags: no case that passes on the base fails, no new case fails",
     "upstream-bench": "llama-bench and test-backend-ops perf, base against each PR stack: compare-llama-bench tables",
 }
 
