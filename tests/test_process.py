@@ -9,6 +9,7 @@ import ast
 import io
 import json
 import resource
+import signal
 import subprocess
 import sys
 import tarfile
@@ -337,3 +338,38 @@ def test_git_reads_and_writes_objects_without_a_running_git(tmp_path):
     assert git.Repo(bare).working_tree_dir is None and git.read_blob(git.Repo(bare), "HEAD", "a.txt") == b"a\r\nb\n"
     with pytest.raises(WorkTreeError, match="is not a git repository"):
         git.Repo(tmp_path / "sub")
+
+
+def test_pause_tree_stops_descendants_in_sessions_of_their_own(tmp_path):
+    """The device check's quiet(): its builder's compilers run through `run`, each in a session
+    of its own, out of reach of a signal to the builder's group; pause_tree stops them too."""
+    from llamacpp_mla_port.process import kill_group, pause_tree, resume_tree
+    from llamacpp_mla_port.proof.run.processes import Owned
+
+    ticks = tmp_path / "ticks"
+    loop = f"while :; do echo x >> {ticks}; sleep 0.02; done"
+    leader = Owned([sys.executable, "-c", "from llamacpp_mla_port.process import run; "
+                    f"run(['bash', '-c', {loop!r}], timeout=120)"], tmp_path / "leader.log", name="leader")
+    try:
+        deadline = time.monotonic() + 30
+        while not (ticks.is_file() and ticks.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        def grows() -> bool:
+            before = ticks.stat().st_size
+            time.sleep(0.5)
+            return ticks.stat().st_size > before
+
+        assert grows()
+        kill_group(leader.pid, signal.SIGSTOP)           # the control: the group alone misses the loop
+        assert grows()
+        stopped = pause_tree(leader.pid)
+        assert stopped and not grows()
+        resume_tree(leader.pid, stopped)
+        assert grows() and leader.alive()
+    finally:
+        leader.stop(grace=2)
+    # stop() ends the loop too, though the leader dies of SIGTERM before `run` can kill it
+    size = ticks.stat().st_size
+    time.sleep(0.5)
+    assert ticks.stat().st_size == size

@@ -5,12 +5,12 @@ device/check.py drives the stages over it."""
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from llamacpp_mla_port import process
 from llamacpp_mla_port.device import bundle
 from llamacpp_mla_port.device.models import wait_model
 from llamacpp_mla_port.device.report import format_report
@@ -104,15 +104,14 @@ class CheckRun:
 
     @contextlib.contextmanager
     def quiet(self):
-        """The background processes stopped (SIGSTOP) while a stage times something."""
-        live = [p for p in self.background.values() if p.alive()]
-        for p in live:
-            p.kill(signal.SIGSTOP)
+        """The background processes stopped (SIGSTOP) while a stage times something, with every
+        descendant: the builder's compilers run in sessions of their own."""
+        paused = [(p.pid, process.pause_tree(p.pid)) for p in self.background.values() if p.alive()]
         try:
             yield
         finally:
-            for p in live:
-                p.kill(signal.SIGCONT)
+            for pid, stopped in paused:
+                process.resume_tree(pid, stopped)
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)

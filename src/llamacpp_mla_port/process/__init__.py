@@ -60,6 +60,48 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, parents first, whatever session it runs in (each `run`
+    starts its own), from /proc; empty where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue                      # gone since the listing
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], list(children.get(pid, ()))
+    while todo:
+        child = todo.pop(0)
+        out.append(child)
+        todo += children.get(child, ())
+    return out
+
+
+def pause_tree(pid: int) -> list[int]:
+    """SIGSTOP the group led by `pid` and every descendant (a build's compilers run in sessions
+    of their own), until no new one appears; the pids stopped, for `resume_tree`."""
+    kill_group(pid, signal.SIGSTOP)
+    stopped: list[int] = []
+    for _ in range(10):                   # a child forked while the list was read
+        new = [d for d in descendants(pid) if d not in stopped]
+        if not new:
+            break
+        for d in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(d, signal.SIGSTOP)
+        stopped += new
+    return stopped
+
+
+def resume_tree(pid: int, stopped: list[int]) -> None:
+    """SIGCONT what `pause_tree` stopped: the descendants, then the group."""
+    for d in reversed(stopped):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(d, signal.SIGCONT)
+    kill_group(pid, signal.SIGCONT)
+
+
 #: what a spawned process's owner waits on and catches
 Popen, TimeoutExpired = subprocess.Popen, subprocess.TimeoutExpired
 

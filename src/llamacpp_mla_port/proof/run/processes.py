@@ -20,6 +20,8 @@ A one-shot run goes through the process funnel itself: llamacpp_mla_port.process
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import socket
@@ -30,7 +32,7 @@ from typing import Sequence
 
 from llamacpp_mla_port.project import program
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.process import Popen, TimeoutExpired, kill_group, spawn
+from llamacpp_mla_port.process import Popen, TimeoutExpired, descendants, kill_group, spawn
 
 LOCALHOST = "127.0.0.1"
 
@@ -154,15 +156,21 @@ class Owned:
         _kill_group(self.proc, sig)
 
     def stop(self, grace: float = 10) -> int | None:
-        """SIGTERM the group, wait up to `grace` s, then SIGKILL it; the exit code. Idempotent."""
+        """SIGTERM the group, wait up to `grace` s, then SIGKILL it and every descendant (those
+        `process.run` started sit in sessions of their own); the exit code. Idempotent."""
+        tree = descendants(self.proc.pid) if self.alive() else []
         if self.alive():
             _kill_group(self.proc, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=grace)
             except TimeoutExpired:
                 pass
-        # the leader may be gone while children of its group still run
+        # the leader may be gone while children of its group, or of their own sessions, still run
         _kill_group(self.proc, signal.SIGKILL)
+        for pid in tree:
+            kill_group(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         try:
             self.proc.wait(timeout=grace)
         except TimeoutExpired:   # pragma: no cover - an unkillable process
