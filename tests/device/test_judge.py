@@ -202,3 +202,67 @@ def test_a_group_is_estimated_from_the_same_rows_at_more_threads():
     measured = {(("m", "0"), 16): 2.0, (("m", "0"), 8): 3.0, (("other", "0"), 16): 0.1, (("m", "4096"), 16): 9.0}
     assert host.estimate(measured, g) == pytest.approx(min(2.0 * 16 / 4, 3.0 * 8 / 4))
     assert host.estimate(measured, {**g, "threads": 16}) == pytest.approx(2.0)
+
+
+#: a stand-in for llama-bench: SPEED tokens/s per row of -p and -n; ABORT_DEFAULT=1 aborts as
+#: #18099 does unless the command says --repack 0
+FAKE_BENCH = """#!{python}
+import json, os, sys
+argv = sys.argv[1:]
+if os.environ.get("ABORT_DEFAULT_{side}") == "1" and "--repack" not in argv:
+    sys.stderr.write("ggml-backend.cpp:1434: GGML_ASSERT(*cur_backend_id != -1) failed\\n"); sys.stderr.flush()
+    os.abort()
+def arg(flag, default):
+    return argv[argv.index(flag) + 1] if flag in argv else default
+repack = "--repack" not in argv or arg("--repack", "1") == "1"
+for p in [int(x) for x in arg("-p", "0").split(",") if x != "0"]:
+    print(json.dumps({{"model_filename": arg("-m", "m"), "n_prompt": p, "n_gen": 0, "repack": repack,
+                      "avg_ts": float(os.environ["SPEED_{side}"])}}))
+for n in [int(x) for x in arg("-n", "0").split(",") if x != "0"]:
+    print(json.dumps({{"model_filename": arg("-m", "m"), "n_prompt": 0, "n_gen": n, "repack": repack,
+                      "avg_ts": float(os.environ["SPEED_{side}"])}}))
+"""
+
+
+def _fake_benches(tmp_path: Path, monkeypatch, speeds: dict[str, float], abort_default=()) -> dict[str, Path]:
+    bins = {}
+    for side, speed in speeds.items():
+        key = side.upper().replace("-", "_")
+        path = tmp_path / side / "llama-bench"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(FAKE_BENCH.format(python=sys.executable, side=key))
+        path.chmod(0o755)
+        monkeypatch.setenv(f"SPEED_{key}", str(speed))
+        monkeypatch.setenv(f"ABORT_DEFAULT_{key}", "1" if side in abort_default else "0")
+        bins[side] = path
+    return bins
+
+
+def test_thread_rows_move_to_repack_0_after_an_abort_at_the_default(tmp_path, monkeypatch):
+    """#18099 on an AMX host: the base aborts at llama.cpp's default repacking with an MLA model;
+    the group (and every later one) runs again at --repack 0 on both sides, and says why."""
+    bins = _fake_benches(tmp_path, monkeypatch, {"base": 10.0, "cpu-fa-kv-head-tiles": 12.0}, abort_default=("base",))
+    groups = host.thread_row_groups({"cpu-fa-kv-head-tiles": {"bench": {"types": ["q8_0"], "prompts": "1,7",
+                                                                        "args": ["-fa", "1", "-d", "0,256"]}}},
+                                    {"cpu-fa-kv-head-tiles:q8_0": tmp_path / "m.gguf"}, (2,))
+    rep = host.thread_rows(bins, groups, tmp_path / "rows.jsonl", lambda: 600.0, log=lambda m: None)
+    assert len(rep["groups"]) == 2 and not rep["dropped"]
+    for g in rep["groups"]:
+        assert "aborted" in g["note"] and g["args"][g["args"].index("--repack") + 1] == "0", g
+        assert g["args"][-2:] in (["-d", "0"], ["-d", "256"]) and all(r["outcome"] == "ran" for r in g["runs"])
+        prompts = host.THREAD_PROMPTS["cpu-fa-kv-head-tiles"].split(",")
+        assert g["ratios"] == {f"m pp{p}": pytest.approx(1.2) for p in prompts}
+    # without the abort nothing moves
+    monkeypatch.setenv("ABORT_DEFAULT_BASE", "0")
+    rep = host.thread_rows(bins, groups[:1], tmp_path / "rows2.jsonl", lambda: 600.0, log=lambda m: None)
+    assert "note" not in rep["groups"][0] and "--repack" not in rep["groups"][0]["args"]
+
+
+@pytest.mark.parametrize("branch_speed, moved", [(104.0, False), (40.0, True)])
+def test_the_reproducers_repack_0_control_says_when_the_machine_was_busy(tmp_path, monkeypatch, branch_speed, moved):
+    """At --repack 0 base and branch run the same code: a ratio off 1 beyond a VM's noise is named."""
+    bins = _fake_benches(tmp_path, monkeypatch, {"base": 100.0, "loader-probe": branch_speed})
+    rep = host.reproduce_18099(bins["base"], bins["loader-probe"], tmp_path / "m.gguf", False, 2, reps=1)
+    assert rep["ok"] and rep["control"] == {"pp512": branch_speed / 100, "tg128": branch_speed / 100}
+    assert ("the --repack 0 control moved (pp512 0.40x, tg128 0.40x): the machine was not quiet" in rep["verdict"]) \
+        is moved

@@ -38,6 +38,8 @@ ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_v
 ABORT_18099 = "GGML_ASSERT(*cur_backend_id != -1)"
 #: the reproducer's benchmark (upstream review: llama-bench -p 512 -n 128 before and after)
 REPRO_BENCH = ("-p", "512", "-n", "128")
+#: branch / base at --repack 0 (the same code on both sides) beyond which the machine was busy
+CONTROL_RANGE = (0.8, 1.25)
 THREADS = (16, 8, 4, 1)
 ROUNDS = 2
 #: prompts of the thread rows (the stacks' own lists without the sizes that take minutes at one
@@ -179,10 +181,18 @@ def reproduce_18099(base: Path, branch: Path, model: Path, amx: bool, threads: i
     rep["before_ts"] = {k: round((v + _speed(again["rows"]).get(k, v)) / 2, 2)
                         for k, v in _speed(rep["before"]["rows"]).items()}
     rep["after_ts"] = {**_speed(rep["after"]["rows"]), **_speed(rep["after_amx"]["rows"])}
+    # at --repack 0 both sides run the same code: a ratio off 1 by more than a 2-core VM's noise
+    # says the machine was busy, and that the speeds compare nothing
+    rep["control"] = {k.split(" repack")[0]: round(rep["after_ts"][k] / v, 3)
+                      for k, v in rep["before_ts"].items() if v and rep["after_ts"].get(k)}
+    moved = {k: r for k, r in rep["control"].items() if not CONTROL_RANGE[0] <= r <= CONTROL_RANGE[1]}
     b, br = rep["base_default"], rep["branch_default"]
     ran = all(x["outcome"] == "ran" for x in (rep["before"], rep["after"], again, br))
     crash = "" if rep["after_amx"]["outcome"] == "ran" else \
         f"; the branch's --repack 1 benchmark {rep['after_amx']['outcome']}"
+    if moved:
+        crash += ("; the --repack 0 control moved (" + ", ".join(f"{k} {r:.2f}x" for k, r in moved.items())
+                  + "): the machine was not quiet, the speeds compare nothing")
     if amx:
         rep["ok"] = bool(ran and b["outcome"] == "aborted" and ABORT_18099 in (b["assert"] or "")
                          and "AMX" in br["model_buffers"])
@@ -235,7 +245,8 @@ def thread_rows(bins: dict[str, Path], groups: list[dict], out_jsonl: Path, rema
     `build_commit` = the side (base or the stack's name) into out_jsonl, the report handed to
     `save` after every group. A run cut by the time left ends the rows. A group at llama.cpp's
     default repacking that dies of a signal (ggml's AMX Q8_0 tile path as GCC 12 builds it raises
-    SIGILL, the base too) runs again with --repack 0, and so does every later one: noted."""
+    SIGILL, the base too) or aborts (#18099: the base on AMX with an MLA model) runs again with
+    --repack 0, and so does every later one: noted."""
     rep: dict = {"groups": [], "dropped": [], "jsonl": str(out_jsonl)}
     measured: dict = {}
     no_repack: str | None = None
@@ -250,7 +261,7 @@ def thread_rows(bins: dict[str, Path], groups: list[dict], out_jsonl: Path, rema
             if no_repack and "--repack" not in g["args"]:
                 g = {**_without_repacking(g), "note": no_repack}
             runs, rows = _abba(bins, g, remaining)
-            crashed = [r["outcome"] for r in runs if r["outcome"].startswith("crashed")]
+            crashed = [r["outcome"] for r in runs if r["outcome"].startswith(("crashed", "aborted"))]
             if crashed and "--repack" not in g["args"] and remaining() > est + 20:
                 no_repack = f"llama.cpp's default repacking {crashed[0]}; rows at --repack 0"
                 g = {**_without_repacking(g), "note": no_repack}

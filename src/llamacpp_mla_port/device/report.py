@@ -188,6 +188,9 @@ def _threads(r: dict, gpu: bool) -> list[str]:
              f"Every row: {t['jsonl']} (here: thread-rows.jsonl; `scripts/compare-llama-bench.py -i "
              "thread-rows.jsonl -b base -c STACK` tables them).", "",
              "| stack | model type | threads | depth | stack / base (median t/s) |", "|---|---|---|---|---|"]
+    if not gpu:
+        lines[4:4] = ["Dry run: every model is the reduced DeepSeek-V2-Lite Q8_0 stand-in (device.models), whatever "
+                      "the type column says; these ratios prove the stage runs, they compare nothing.", ""]
     for g in t["groups"]:
         lines.append(f"| {g['stack']}{' (--repack 0)' if g.get('note') else ''} | {g.get('type', '-')} | "
                      f"{g['threads']} | {g['args'][-1]} | "
