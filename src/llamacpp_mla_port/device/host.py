@@ -192,7 +192,7 @@ def reproduce_18099(base: Path, branch: Path, model: Path, amx: bool, threads: i
         f"; the branch's --repack 1 benchmark {rep['after_amx']['outcome']}"
     if moved:
         crash += ("; the --repack 0 control moved (" + ", ".join(f"{k} {r:.2f}x" for k, r in moved.items())
-                  + "): the machine was not quiet, the speeds compare nothing")
+                  + "): outside 0.8-1.25, the run's noise or a busy machine: the speeds compare nothing")
     if amx:
         rep["ok"] = bool(ran and b["outcome"] == "aborted" and ABORT_18099 in (b["assert"] or "")
                          and "AMX" in br["model_buffers"])
