@@ -157,6 +157,10 @@ def test_evidence_md_gets_the_stacks_counts_or_the_command_that_makes_them(tmp_p
     assert "no case that passes on the base fails here" in fresh
     assert "| `test-backend-ops -o MUL_MAT` | native | 2 / 2 | 3 / 3 | 1 (0) | 0 |" in fresh
     assert "Stale" in hd.evidence_section(tmp_path, "cpu-demo", "b11500 (tree 0123456789ab)")
+    # a report from before new cases' failures were counted does not stand
+    older = {**report, "results": [{k: v for k, v in r.items() if k != "new_failures"} for r in report["results"]]}
+    (tmp_path / "cpu-demo" / "report.json").write_text(json.dumps(older))
+    assert "predates the count of new cases that fail" in hd.evidence_section(tmp_path, "cpu-demo", report["base"])
     report["ok"] = False
     (tmp_path / "cpu-demo" / "report.json").write_text(json.dumps(report))
     assert "REGRESSIONS" in hd.evidence_section(tmp_path, "cpu-demo", report["base"])

@@ -233,6 +233,11 @@ def standing_report(out: Path, identity: dict) -> dict | None:
     return old if all(old.get(k) == v for k, v in wanted.items()) else None
 
 
+def _counts_new_failures(report: dict) -> bool:
+    """The report judged the patched side's new cases too (one written before that cannot stand)."""
+    return all("new_failures" in r for r in report.get("results", ()))
+
+
 def write_report(out: Path, report: dict) -> None:
     """report.json and report.md of one sweep in `out`."""
     out.mkdir(parents=True, exist_ok=True)
@@ -251,7 +256,7 @@ def sweep(repo, root: Path, name: str, base_sha: str, head_sha: str, base_label:
     out = root / name
     old = standing_report(out, {"head": head_sha, "base_sha": base_sha, "isas": isas, "ops": ops,
                                 "archs": archs}) if reuse else None
-    if old is not None:
+    if old is not None and _counts_new_failures(old):
         log(f"harness-diff {name}: the report of {head_sha[:12]} stands ({out / 'report.md'})")
         return old
     export_commit(repo, base_sha, tree_in(root / "base"))
@@ -283,6 +288,8 @@ def stack_report(report_dir: Path, name: str, base: str, head: str | None) -> tu
     if report.get("base") != base or (head and report.get("head") not in (None, head)):
         return None, (f"Stale: {path} compares {str(report.get('head', '?'))[:12]} against "
                       f"{report.get('base')}, not this PR against {base}")
+    if not _counts_new_failures(report):
+        return None, f"Stale: {path} predates the count of new cases that fail"
     return report, ""
 
 
@@ -295,7 +302,7 @@ def verdict(report_dir: Path, name: str, base: str, head: str | None = None) -> 
 def _line(r: dict) -> str:
     ok_b, ok_p = r["base"].get("OK", 0), r["patched"].get("OK", 0)
     regressed = f": {', '.join(r['regressions'][:5])}" if r["regressions"] else ""
-    new_failures = r.get("new_failures", [])
+    new_failures = r["new_failures"]
     failed = f", {len(new_failures)} new cases failing: {', '.join(new_failures[:5])}" if new_failures else ""
     return (f"{r['what']} ({r['isa']}): base {ok_b}/{r['base_cases']} OK, patched {ok_p}/{r['patched_cases']} OK, "
             f"{len(r['regressions'])} regressions{regressed}{failed}"
@@ -309,8 +316,8 @@ def markdown(report: dict) -> str:
     for r in report["results"]:
         lines.append(f"| `{r['what']}` | {r['isa']} | {r['base'].get('OK', 0)} / {r['base_cases']} | "
                      f"{r['patched'].get('OK', 0)} / {r['patched_cases']} | "
-                     f"{r['new_cases']} ({len(r.get('new_failures', []))}) | {len(r['regressions'])} |")
-    failing = [f"{k} ({r['what']}, {r['isa']})" for r in report["results"] for k in r.get("new_failures", [])]
+                     f"{r['new_cases']} ({len(r['new_failures'])}) | {len(r['regressions'])} |")
+    failing = [f"{k} ({r['what']}, {r['isa']})" for r in report["results"] for k in r["new_failures"]]
     if failing:
         lines += ["", "New cases that fail: " + "; ".join(failing[:10]) + "."]
     rerun = [f"{side} {r['what']} ({r['isa']}): {n} runs" for r in report["results"]
