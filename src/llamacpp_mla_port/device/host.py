@@ -38,7 +38,7 @@ ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_v
 ABORT_18099 = "GGML_ASSERT(*cur_backend_id != -1)"
 #: the reproducer's benchmark (upstream review: llama-bench -p 512 -n 128 before and after)
 REPRO_BENCH = ("-p", "512", "-n", "128")
-#: branch / base at --repack 0 (the same code on both sides) beyond which the machine was busy
+#: branch / base at --repack 0 (the same code on both sides) beyond a 2-core VM's noise
 CONTROL_RANGE = (0.8, 1.25)
 THREADS = (16, 8, 4, 1)
 ROUNDS = 2
@@ -181,8 +181,8 @@ def reproduce_18099(base: Path, branch: Path, model: Path, amx: bool, threads: i
     rep["before_ts"] = {k: round((v + _speed(again["rows"]).get(k, v)) / 2, 2)
                         for k, v in _speed(rep["before"]["rows"]).items()}
     rep["after_ts"] = {**_speed(rep["after"]["rows"]), **_speed(rep["after_amx"]["rows"])}
-    # at --repack 0 both sides run the same code: a ratio off 1 by more than a 2-core VM's noise
-    # says the machine was busy, and that the speeds compare nothing
+    # at --repack 0 both sides run the same code: a ratio outside CONTROL_RANGE says the speeds
+    # compare nothing (the run's noise or a busy machine)
     rep["control"] = {k.split(" repack")[0]: round(rep["after_ts"][k] / v, 3)
                       for k, v in rep["before_ts"].items() if v and rep["after_ts"].get(k)}
     moved = {k: r for k, r in rep["control"].items() if not CONTROL_RANGE[0] <= r <= CONTROL_RANGE[1]}
@@ -192,7 +192,8 @@ def reproduce_18099(base: Path, branch: Path, model: Path, amx: bool, threads: i
         f"; the branch's --repack 1 benchmark {rep['after_amx']['outcome']}"
     if moved:
         crash += ("; the --repack 0 control moved (" + ", ".join(f"{k} {r:.2f}x" for k, r in moved.items())
-                  + "): outside 0.8-1.25, the run's noise or a busy machine: the speeds compare nothing")
+                  + f"): outside {CONTROL_RANGE[0]}-{CONTROL_RANGE[1]}, the run's noise or a busy machine: "
+                  "the speeds compare nothing")
     if amx:
         rep["ok"] = bool(ran and b["outcome"] == "aborted" and ABORT_18099 in (b["assert"] or "")
                          and "AMX" in br["model_buffers"])

@@ -61,8 +61,8 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live descendant of `pid`, parents first, whatever session it runs in (each `run`
-    starts its own), from /proc; empty where there is no /proc."""
+    """Every descendant of `pid` (zombies too), parents first, whatever session it runs in (each
+    `run` starts its own), from /proc; empty where there is no /proc."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
