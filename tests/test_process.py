@@ -124,6 +124,7 @@ def test_shell_commands_bytes_input_env_and_cwd(tmp_path):
 #: where src/ may start a process itself: (module, outermost function or class; "*": anywhere)
 ALLOWED_STARTS = {
     ("llamacpp_mla_port.process", "*"): "the funnel (run) and the long-lived processes' start (spawn)",
+    ("llamacpp_mla_port.process.git", "run"): "git's argv, built once in the git funnel",
     ("llamacpp_mla_port.build", "_run_logged"): "the streaming build: its output shown as it comes",
 }
 #: what starts a process besides the subprocess module
@@ -140,7 +141,8 @@ PROCESS_LIBRARIES = ("git", "gitdb")
 def process_starts(sources: dict[str, str]) -> list[tuple[str, str, int, str]]:
     """(module, outermost def/class or "", line, call) of every subprocess.* call, every
     `from subprocess import`, every os.system / os.popen / os.spawn* / os.exec* / os.fork, every
-    import of GitPython (or gitdb) and every GitPython command call (`repo.git.archive(...)`)."""
+    import of GitPython (or gitdb), every GitPython command call (`repo.git.archive(...)`), and
+    every git argv (a list or tuple that starts with "git": git goes through process.git)."""
     out = []
     for module, text in sources.items():
         tree = ast.parse(text)
@@ -163,13 +165,17 @@ def process_starts(sources: dict[str, str]) -> list[tuple[str, str, int, str]]:
                 elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                         and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "git":
                     out.append((module, scope, node.lineno, f"{ast.unparse(node.func)} (GitPython)"))
+                elif isinstance(node, (ast.List, ast.Tuple)) and node.elts \
+                        and isinstance(node.elts[0], ast.Constant) and node.elts[0].value == "git":
+                    out.append((module, scope, node.lineno, "a git argv"))
     return out
 
 
 def start_violations(sources: dict[str, str], allowed: dict[tuple[str, str], str]) -> list[str]:
     """Every start outside the allowed places, and every allowed place that starts nothing."""
     starts = process_starts(sources)
-    out = [f"{m}:{line}: {call} (in {scope or 'the module'}): use llamacpp_mla_port.process.run"
+    out = [f"{m}:{line}: {call} (in {scope or 'the module'}): use llamacpp_mla_port.process."
+           + ("git" if call == "a git argv" else "run")
            for m, scope, line, call in starts if (m, scope) not in allowed and (m, "*") not in allowed]
     used = {(m, s) for m, s, _, _ in starts} | {(m, "*") for m, _, _, _ in starts}
     out += [f"stale allow-list entry {m} {s}" for m, s in sorted(allowed) if (m, s) not in used]
@@ -184,6 +190,8 @@ def test_the_start_checker_finds_direct_calls():
         "gitutil": "import git\ndef run(p, *a):\n    return git.Git(str(p)).execute(['git', *a])\n",
         "harness_diff": "def export_commit(repo, sha):\n    return repo.git.archive(sha, stdout_as_string=False)\n",
         "obtain": "from git import Repo\n",
+        "variants": "from llamacpp_mla_port.process import run\ndef _git(t, *a):\n"
+                    "    return run([\"git\", \"-C\", t, *a], timeout=120)\nHEAD = (\"git\", \"log\")\n",
         "fine": "import os\nos.path.join('a')\nfrom llamacpp_mla_port.process import run\nrun(['ls'], timeout=1)\n"
                 "from llamacpp_mla_port.process import git\ngit.run('.', 'status', timeout=5)\n",
     }
@@ -192,10 +200,14 @@ def test_the_start_checker_finds_direct_calls():
         "bundle:1: from subprocess import (in the module): use llamacpp_mla_port.process.run",
         "shell:4: os.system (in A): use llamacpp_mla_port.process.run",
         "gitutil:1: import git (in the module): use llamacpp_mla_port.process.run",
+        "gitutil:3: a git argv (in run): use llamacpp_mla_port.process.git",
         "harness_diff:2: repo.git.archive (GitPython) (in export_commit): use llamacpp_mla_port.process.run",
-        "obtain:1: from git import (in the module): use llamacpp_mla_port.process.run"]
+        "obtain:1: from git import (in the module): use llamacpp_mla_port.process.run",
+        "variants:3: a git argv (in _git): use llamacpp_mla_port.process.git",
+        "variants:4: a git argv (in the module): use llamacpp_mla_port.process.git"]
     allowed = {("pr", "run_evidence"): "", ("bundle", ""): "", ("shell", "*"): "", ("gitutil", "*"): "",
-               ("harness_diff", "export_commit"): "", ("obtain", ""): ""}
+               ("harness_diff", "export_commit"): "", ("obtain", ""): "", ("variants", "_git"): "",
+               ("variants", ""): ""}
     assert start_violations(old, allowed) == []
     assert start_violations({}, {("pr", "run_evidence"): ""}) == ["stale allow-list entry pr run_evidence"]
 

@@ -46,9 +46,9 @@ from pathlib import Path
 
 from llamacpp_mla_port.build import TARGET_SETS
 from llamacpp_mla_port.device.variants import prepare_variants
-from llamacpp_mla_port.errors import DeviceCheckError
+from llamacpp_mla_port.errors import DeviceCheckError, ProcessError
 from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-from llamacpp_mla_port.process import run
+from llamacpp_mla_port.process import git, run
 from llamacpp_mla_port.proof.lossless import ALL_DRAFTS, prepare_pair
 from llamacpp_mla_port.proof.parity import MODES, PARITY_CONFIGS, make_draft
 from llamacpp_mla_port.proof.reference.model import read_target_head
@@ -124,9 +124,12 @@ DFLASH_SOURCE = "src/models/dflash.cpp"
 def tree_files(tree: Path) -> list[str]:
     """Relative paths of the pruned copy: tracked files (git) or every file, filtered."""
     tree = Path(tree)
-    proc = run(["git", "-C", tree, "ls-files", "-z"], timeout=120, text=False)
-    if proc.returncode == 0 and proc.stdout:
-        names = [n for n in proc.stdout.decode().split("\0") if n]
+    try:
+        listed = git.run(tree, "ls-files", "-z", timeout=120, text=False)
+    except ProcessError:
+        listed = b""
+    if listed:
+        names = [n for n in listed.decode().split("\0") if n]
     else:
         names = [str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() and ".git" not in p.parts]
     return sorted(n for n in names if keep_in_tree(n) and (tree / n).is_file())
@@ -220,11 +223,12 @@ def folder_bytes(path: Path) -> int:
 def travelling_tree_bytes(root: Path) -> int | None:
     """Bytes of what a device call sends besides the carried folders: tracked and untracked,
     not ignored files of the checkout (None: not a git checkout)."""
-    proc = run(["git", "-C", root, "ls-files", "-z", "-co", "--exclude-standard"], timeout=120, text=False)
-    if proc.returncode != 0:
+    try:
+        listed = git.run(root, "ls-files", "-z", "-co", "--exclude-standard", timeout=120, text=False)
+    except ProcessError:
         return None
     total = 0
-    for n in proc.stdout.decode().split("\0"):
+    for n in listed.decode().split("\0"):
         p = Path(root) / n
         if n and p.is_file() and not p.is_symlink():
             total += p.stat().st_size
@@ -362,7 +366,10 @@ def prepare_bundle(tree: Path, build: Path, bundle: Path, templates_dir: Path, p
         fixtures = {"bytes": 0, "left_out": True}
     (bundle / "run.sh").write_text(RUN_SH)
     (bundle / "run.sh").chmod(0o755)
-    tree_head = run(["git", "-C", tree, "log", "-1", "--format=%H %s"], timeout=120).stdout.strip()
+    try:
+        tree_head = git.run(tree, "log", "-1", "--format=%H %s", timeout=120).strip()
+    except ProcessError:
+        tree_head = ""              # not a git work tree
     sizes = {"llama.cpp.tar.gz": tar["bytes"], "variants": folder_bytes(bundle / "variants"),
              "overlay": folder_bytes(bundle / "overlay"),
              "wheels": folder_bytes(bundle / "wheels"), "src": pkg, "fixtures": fixtures["bytes"],

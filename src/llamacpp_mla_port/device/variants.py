@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from llamacpp_mla_port.build import ensure_build
-from llamacpp_mla_port.errors import DeviceCheckError, PortError
-from llamacpp_mla_port.process import run
+from llamacpp_mla_port.errors import DeviceCheckError, PortError, ProcessError
+from llamacpp_mla_port.process import git
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.jsonfile import write_json
 
@@ -45,12 +45,11 @@ CPU_TARGETS = ("llama-bench",)
 # prepare (this machine: git, the exported patches)
 
 def _git(tree: Path, *args: str, text: bool = True):
-    proc = run(["git", "-C", tree, *args], timeout=120, text=text)
-    if proc.returncode != 0:
-        err = proc.stderr if text else proc.stderr.decode(errors="replace")
-        raise DeviceCheckError(f"git {' '.join(args)} in {tree} failed: {err.strip()[-500:]}",
+    try:
+        return git.run(tree, *args, timeout=120, text=text)
+    except ProcessError as err:
+        raise DeviceCheckError(f"git {' '.join(args)} in {tree} failed: {err.stderr_tail.strip()[-500:]}",
                                hint="the host CPU stages need the work tree of `make patch` (branch mla-port-base)")
-    return proc.stdout
 
 
 def stack_patches(templates_dir: Path, patches_dir: Path, stack: str) -> list[Path]:
@@ -95,9 +94,10 @@ def prepare_variants(tree: Path, templates_dir: Path, patches_dir: Path, dest: P
             for p in patches:
                 touched |= {ln[len("+++ b/"):].strip() for ln in p.read_text(errors="replace").splitlines()
                             if ln.startswith("+++ b/")}
-                proc = run(["git", "apply", "-p1", str(p.resolve())], timeout=120, cwd=tmp)
-                if proc.returncode != 0:
-                    raise DeviceCheckError(f"{p.name} does not apply on the base's files: {proc.stderr[-800:]}",
+                try:
+                    git.run(tmp, "apply", "-p1", str(p.resolve()), timeout=120)
+                except ProcessError as err:
+                    raise DeviceCheckError(f"{p.name} does not apply on the base's files: {err.stderr_tail[-800:]}",
                                            hint="run `make check` (a stack's commits must apply alone on the base)")
             files = sorted(rel for rel in touched if keep(rel))
             for rel in files:
