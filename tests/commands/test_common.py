@@ -96,13 +96,28 @@ RENAMED = [
 ]
 
 
+#: the old spellings that mean something else in other verbs: each warns once, naming the new one
+SECOND_MEANING = {("build", "--target"): "--cmake-target", ("build", "--rpc"): "nothing",
+                  ("pr", "--target"): "--cmake-target", ("pr", "--build-dir"): "--commit-build-dir",
+                  ("upstream-bench", "--layers"): "--model-layers", ("upstream-bench", "--threads"): "--bench-threads",
+                  ("device-check", "--prompts"): "--n-prompts"}
+
+
 @pytest.mark.parametrize("verb, old, new", RENAMED, ids=[f"{v}-{o[0]}" for v, o, _ in RENAMED])
-def test_a_renamed_flag_keeps_its_old_spelling(verb, old, new):
+def test_a_renamed_flag_keeps_its_old_spelling(verb, old, new, capsys):
     parser = verb_parser(verb)
     got = vars(parser.parse_args(old))
+    warned = capsys.readouterr().err
     assert got == vars(parser.parse_args(new))
     if old != ["--rpc"]:                            # build's --rpc is the default, on
         assert got != vars(parser.parse_args(["--onto", "x"] if verb == "rebase" else [])), "the flag did nothing"
+    assert capsys.readouterr().err == ""
+    use = SECOND_MEANING.get((verb, old[0]))
+    if use is None:
+        assert warned == ""
+    else:                                           # once, though given twice (build --target)
+        assert warned.count("warning") == 1 and f"{old[0]} is an old spelling here" in warned, warned
+        assert f"use {use}" in warned and warned.startswith(f"warning: llamacpp-mla-port {verb}: ")
 
 
 def test_the_old_spellings_stay_out_of_help():

@@ -14,7 +14,6 @@ from llamacpp_mla_port.bench.run import STAGES
 from llamacpp_mla_port.commands.common import add_tree_args, shared
 
 
-
 def configure(parser: argparse.ArgumentParser) -> None:
     shared(parser, "--out", default=None,
            help="report folder (default: <work dir>/bench): report.md, report.json, plots/, models/")

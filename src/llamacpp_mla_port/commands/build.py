@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from llamacpp_mla_port.build import DEFAULT_TARGETS, RPC_TARGETS, ensure_build
-from llamacpp_mla_port.commands.common import add_tree_args, shared
+from llamacpp_mla_port.commands.common import add_tree_args, old_spelling, shared
 from llamacpp_mla_port.series.worktree import require_applied
 
 
@@ -18,7 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # with llama.cpp's RPC backend (-DGGML_RPC=ON) and ggml-rpc-server by default: the one
     # configuration the tests, smoke, bench and the canary share. --rpc (the default) is hidden:
     # in draft-logits --rpc names RPC servers.
-    parser.add_argument("--rpc", dest="rpc", action="store_true", default=True, help=argparse.SUPPRESS)
+    old_spelling(parser, "--rpc", "nothing (the RPC backend is on by default)", dest="rpc", action="store_true")
     parser.add_argument("--no-rpc", dest="rpc", action="store_false",
                         help="without llama.cpp's RPC backend (built by default: -DGGML_RPC=ON and ggml-rpc-server, "
                              "the one configuration the tests, smoke, bench and the canary share; reconfigures "

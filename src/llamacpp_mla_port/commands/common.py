@@ -8,12 +8,14 @@ places (project.Places), the proof's settings, and every other flag two verbs sh
     parse_proof_args                         the same settings as `pr --smoke-arg` passes them
 
 One spelling has one meaning in every verb: `--target` is a GGUF file; a CMake target is
-`--cmake-target`. A renamed flag keeps its old spelling, hidden from --help (`old` in SHARED).
+`--cmake-target`. A renamed flag keeps its old spelling, hidden from --help (`old` in SHARED);
+where that spelling means something else in other verbs, `old_spelling` warns once.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -99,8 +101,24 @@ def shared(parser, name: str, **own) -> argparse.Action:
     action = _tag(parser.add_argument(*SHARED[name].get("flags", (name,)), **spec), name)
     for old in SHARED[name].get("old", ()):
         hidden = {k: v for k, v in spec.items() if k not in ("help", "default", "required", "metavar")}
-        _tag(parser.add_argument(old, **hidden, default=argparse.SUPPRESS, help=argparse.SUPPRESS), name)
+        _tag(old_spelling(parser, old, SHARED[name].get("flags", (name,))[-1], **hidden), name)
     return action
+
+
+def old_spelling(parser, old: str, new: str, **spec) -> argparse.Action:
+    """`old`, hidden from --help, read as `new` (`spec`: its dest, type, action), with a warning
+    naming `new` the first time a parse meets it: in other verbs `old` means something else."""
+    base = parser._registry_get("action", spec.pop("action", None), None)
+
+    class Old(base):
+        def __call__(self, parser, namespace, values, option_string=None):
+            if not getattr(self, "warned", False):
+                self.warned = True
+                sys.stderr.write(f"warning: {parser.prog}: {old} is an old spelling here, with another "
+                                 f"meaning in other verbs: use {new}\n")
+            super().__call__(parser, namespace, values, option_string)
+
+    return parser.add_argument(old, action=Old, **spec, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_tree_args(parser: argparse.ArgumentParser, *, work: bool = True, tree: bool = True,

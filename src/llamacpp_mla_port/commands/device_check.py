@@ -13,13 +13,12 @@ Exit 1 when a stage of the check fails.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 from llamacpp_mla_port import process
-from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args, shared
+from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args, old_spelling, shared
 
 
 def configure(parser) -> None:
@@ -32,7 +31,7 @@ def configure(parser) -> None:
     # how many lossless prompts (--prompts, its old spelling, still read: in draft-length --prompts is a file)
     parser.add_argument("--n-prompts", dest="prompts", type=int, default=8, metavar="N",
                         help="lossless prompts (default 8)")
-    parser.add_argument("--prompts", dest="prompts", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    old_spelling(parser, "--prompts", "--n-prompts", dest="prompts", type=int)
     g = parser.add_argument_group("the driver (run.sh)")
     g.add_argument("--run", action="store_true", help="run the check from --bundle (what run.sh does)")
     shared(g, "--out", default=None, help="report folder")

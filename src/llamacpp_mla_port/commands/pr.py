@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llamacpp_mla_port.commands.common import PROOF_FLAGS, add_tree_args, parse_proof_args, shared
+from llamacpp_mla_port.commands.common import (PROOF_FLAGS, add_tree_args, old_spelling, parse_proof_args,
+                                               shared)
 from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.upstreaming.pr import PR_TARGETS, PrOptions, make_pr
 
@@ -24,8 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # spelled --build-dir, which in every other verb is the work build
     parser.add_argument("--commit-build-dir", dest="pr_build_dir", type=Path, metavar="DIR",
                         help="build dir of the per-commit builds (default: <work-dir>/pr/build)")
-    parser.add_argument("--build-dir", dest="pr_build_dir", type=Path, default=argparse.SUPPRESS,
-                        help=argparse.SUPPRESS)
+    old_spelling(parser, "--build-dir", "--commit-build-dir", dest="pr_build_dir", type=Path)
     shared(parser, "--cmake-target", help=f"target every commit must build (repeatable; default: "
                                           f"{' '.join(PR_TARGETS)})")
     shared(parser, "--jobs")

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import sys
 
-import argparse
-
-from llamacpp_mla_port.commands.common import add_source_args, options, shared
+from llamacpp_mla_port.commands.common import add_source_args, old_spelling, options, shared
 
 
 def configure(parser) -> None:
@@ -30,14 +28,14 @@ def configure(parser) -> None:
     # long spelling: still read, hidden)
     parser.add_argument("-t", "--bench-threads", dest="threads", default=d.threads, metavar="N,M",
                         help=f"llama-bench -t: thread counts (default: {d.threads})")
-    parser.add_argument("--threads", dest="threads", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    old_spelling(parser, "--threads", "--bench-threads", dest="threads")
     parser.add_argument("-r", "--reps", type=int, default=d.reps, help=f"llama-bench -r (default: {d.reps})")
     shared(parser, "--rounds", default=d.rounds,
            help=f"runs of each side, interleaved base/patched (default: {d.rounds})")
     parser.add_argument("--model-layers", dest="layers", type=int, default=d.n_layer, metavar="N",
                         help=f"layers of the standard-shape model (default: {d.n_layer})")
     # its old spelling (in target-features --layers names layers to dump), still read, hidden
-    parser.add_argument("--layers", dest="layers", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    old_spelling(parser, "--layers", "--model-layers", dest="layers", type=int)
     shared(parser, "--jobs")
 
 
