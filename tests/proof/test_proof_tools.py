@@ -116,6 +116,40 @@ def test_run_draft_logits_failure_is_a_proof_error(tmp_path):
         run_draft_logits(fake, tmp_path / "d", tmp_path / "t", np.zeros((1, 2)), [1], tmp_path / "o")
 
 
+def test_run_draft_logits_failure_names_the_loaders_reason(tmp_path):
+    # llama.cpp's ERROR line is echoed live and again in the log the program replays: named once
+    from llamacpp_mla_port.proof.run.draft_logits import run_draft_logits
+    reason = "llama_model_load: error loading model: error loading model hyperparameters: DFlash MLA draft: x = 2"
+    fake = tmp_path / "fake"
+    fake.write_text(f"#!/bin/sh\necho '{reason}' >&2\necho 'llama: info' >&2\necho '{reason}' >&2\n"
+                    "echo 'draft-logits: error: cannot load draft d' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(ProofError) as err:
+        run_draft_logits(fake, tmp_path / "d", tmp_path / "t", np.zeros((1, 2)), [1], tmp_path / "o")
+    assert err.value.message == f"draft-logits failed (exit 1): {reason}\n  draft-logits: error: cannot load draft d"
+
+
+@pytest.mark.build
+def test_draft_logits_verb_names_why_llama_cpp_refused_the_draft(patched_tree, llama_build, tmp_path, capsys,
+                                                                 monkeypatch):
+    """Without --verbose the error says which key the loader refused, not only "cannot load draft"."""
+    from llamacpp_mla_port.cli import main
+    from llamacpp_mla_port.fixtures.draft_gguf import write_mla_draft_gguf
+    from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
+
+    target = write_kimi_k3_target(llama_build, tmp_path / "target.gguf")
+    draft = write_mla_draft_gguf(tmp_path / "scaled.gguf", target,
+                                 config={"add_float_keys": {"dflash.attention.value_scale": 2.0}})
+    np.save(tmp_path / "f.npy", np.zeros((2, 8), np.float32))
+    monkeypatch.setenv("MLA_PORT_TREE", str(patched_tree))
+    monkeypatch.setenv("MLA_PORT_BUILD", str(llama_build))
+    rc = main(["draft-logits", "--draft", str(draft), "--target", str(target), "--features", str(tmp_path / "f.npy"),
+               "--tokens", "7", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "cannot load draft" in err
+    assert "dflash.attention.value_scale = 2 is not supported" in err, err
+
+
 @pytest.mark.build
 def test_target_features_command(patched_tree, llama_build, tmp_path, capsys):
     from llamacpp_mla_port.cli import main

@@ -8,6 +8,7 @@ verb `draft-logits` (commands/draft_logits.py) is its command line.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,14 +43,12 @@ class DraftLogits:
     @property
     def v_cache_empty(self) -> bool:
         """llama.cpp's cache line says V takes 0.00 MiB (MLA: V is a view of K)."""
-        import re
         m = re.search(r"V \(\w+\):\s*([0-9.]+) MiB", self.meta.get("kv_cache_line", ""))
         return bool(m) and float(m.group(1)) == 0.0
 
 
 def parse_kv_bytes_per_token(line: str) -> float | None:
     # llama_kv_cache: size = 0.56 MiB (512 cells, 2 layers, 1/1 seqs), K (f16): 0.56 MiB, V (f16): 0.00 MiB
-    import re
     m = re.search(r"size\s*=\s*([0-9.]+)\s*MiB\s*\(\s*(\d+)\s*cells", line)
     if not m:
         return None
@@ -96,8 +95,9 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
         (out_dir / "base_logits.npy").unlink(missing_ok=True)     # no stale file from an earlier run
     proc = process.run(cmd, timeout=timeout, env=env)
     if proc.returncode != 0:
-        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("draft-logits: error:")]
-        raise ProofError(f"draft-logits failed (exit {proc.returncode}): {' '.join(errors) or proc.stderr[-3000:]}",
+        errors = "\n  ".join(dict.fromkeys(    # the program's error and the loader's reason, once (the log repeats)
+            ln for ln in proc.stderr.splitlines() if ln.startswith("draft-logits: error:") or ": error loading model:" in ln))
+        raise ProofError(f"draft-logits failed (exit {proc.returncode}): {errors or proc.stderr[-3000:]}",
                          hint=f"rerun with --verbose: {' '.join(cmd)} --verbose")
     return load_outputs(out_dir)
 
