@@ -178,10 +178,44 @@ def test_draft_length_refuses_what_it_cannot_measure(patched_tree, llama_build, 
     two = write_kimi_k3_target(llama_build, d / "kimi-k3-tiny.gguf")
     rc = _verb(patched_tree, llama_build, "--target", two, "--draft", draft, "--out", tmp_path / "x")
     err = capsys.readouterr().err
-    assert rc != 0 and "does not pair" in err and "target_" in err
+    assert rc != 0 and "does not pair" in err and "are outside the target's layer inputs" in err, err
     assert not (tmp_path / "x" / "report.json").exists()
     rc = _verb(patched_tree, llama_build, "--target", target, "--draft", draft, "--prompts", tmp_path / "p.txt")
     assert rc != 0 and "--prompts" in capsys.readouterr().err
+
+
+def test_the_pair_check_refuses_only_taps_outside_the_target_in_the_doctors_words(tmp_path):
+    """Tap 0 (the input of layer 0: the token embeddings) is a layer of a 2-layer target, as the doctor and
+    llama.cpp take it; tap 3 is none, and the refusal is the doctor's target_layers finding."""
+    from llamacpp_mla_port.bench.draft_length import check_pair
+    from llamacpp_mla_port.errors import PortError
+    from tests.helpers.doctor_gguf import write_mla_draft, write_target
+
+    target = write_target(tmp_path / "t.gguf", n_layer=2)
+    check_pair(target, write_mla_draft(tmp_path / "d01.gguf", target_layers=[0, 1], n_taps=2))
+    with pytest.raises(PortError, match="does not pair") as err:
+        check_pair(target, write_mla_draft(tmp_path / "d13.gguf", target_layers=[1, 3], n_taps=2))
+    assert "target_layers: dflash.target_layers [1, 3] is wrong" in err.value.message
+    assert "ids [3] are outside the target's layer inputs 1..1 (target has 2 layers)" in err.value.message
+    assert "tapped layers are not" not in err.value.message
+
+
+@pytest.mark.build
+def test_the_fixtures_verbs_mla_pair_pairs(llama_build, tmp_path, capsys):
+    """The fixtures verb's draft taps layers 0 and 1 of its 2-layer target: doctor loads it, so draft-length
+    takes it."""
+    from llamacpp_mla_port.bench.draft_length import check_pair
+    from llamacpp_mla_port.cli import main
+    from llamacpp_mla_port.gguf.header import read_header
+
+    assert main(["fixtures", str(tmp_path), "--what", "mla-draft", "--build-dir", str(llama_build)]) == 0
+    target, draft = tmp_path / "kimi-k3-target.gguf", tmp_path / "mla-draft.gguf"
+    assert read_header(draft).get("dflash.target_layers") == [0, 1]
+    assert read_header(target).get("kimi-k3.block_count") == 2
+    check_pair(target, draft)
+    capsys.readouterr()
+    assert main(["doctor", str(draft), "--target", str(target)]) in (0, 1)      # loads (a warning: tap 0)
+    assert "target_taps        taps [0, 1] exist in the 2-layer target" in capsys.readouterr().out
 
 
 def test_the_verbs_help_says_what_it_measures_and_what_it_assumes(capsys):

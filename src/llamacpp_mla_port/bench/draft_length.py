@@ -32,7 +32,8 @@ from llamacpp_mla_port.jsonfile import write_json
 DRAFT_KS = tuple(range(1, acc.K_MAX + 1))
 INJECT_ROWS = (1, 8)
 #: the doctor's checks whose errors llama.cpp refuses the pair for (the others it leaves to the loader);
-#: its target_layers check also judges the taps' values, so only its out-of-range verdict counts
+#: its target_layers check also judges the taps' values, so it counts only when a tap is out of the
+#: target's range (no target_taps ok: the doctor's own rule; tap 0, the embeddings, is in range)
 PAIRING_CHECKS = {"arch", "target", "target_n_embd", "target_vocab"}
 
 
@@ -60,13 +61,9 @@ def check_pair(target: Path, draft: Path) -> None:
     except (GGUFError, OSError) as err:
         raise PortError(f"cannot read the pair ({err})", hint="both files must be GGUF: the target model and its "
                         "DSpark draft") from err
-    errors = [f"{f.check}: {f.title} ({f.evidence})" for f in findings
-              if f.verdict == ERROR and f.check in PAIRING_CHECKS]
-    if not any(f.check == "target_taps" and f.verdict == OK for f in findings):
-        # taps outside the target's layers: the doctor says why in its target_layers finding
-        errors += [f"{f.check}: {f.title} ({f.evidence})" for f in findings
-                   if f.check == "target_layers" and f.verdict == ERROR] or \
-            ["target_taps: the draft's tapped layers are not layers of the target (or the draft has none)"]
+    taps_ok = any(f.check == "target_taps" and f.verdict == OK for f in findings)
+    errors = [f"{f.check}: {f.title} ({f.evidence})" for f in findings if f.verdict == ERROR and
+              (f.check in PAIRING_CHECKS or f.check == "target_layers" and not taps_ok)]
     if errors:
         raise PortError(f"{draft} does not pair with {target}:\n" + "\n".join(f"  {e}" for e in errors),
                         hint=f"`llamacpp-mla-port doctor {draft} --target {target}` explains each finding")
