@@ -31,9 +31,13 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llamacpp_mla_port.errors import ProcessError, ProofError
 from llamacpp_mla_port.gguf import contract
+
+if TYPE_CHECKING:
+    from llamacpp_mla_port.gguf.header import TensorInfo
 
 #: per-layer draft tensors the block reads whole (GGUF names after blk.N.)
 BLOCK_LAYER_TENSORS = ("attn_norm", "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm",
@@ -56,29 +60,13 @@ BW_MIB = 512
 WEIGHT_BYTES = {"bf16": 2.0, "f16": 2.0, "f32": 4.0, "q8_0": 34 / 32}
 
 
-@dataclass
-class TensorInfo:
-    name: str
-    type: str
-    ne: tuple[int, ...]
-    nbytes: int
-
-    @property
-    def n_elements(self) -> int:
-        n = 1
-        for x in self.ne:
-            n *= x
-        return n
-
-
 @functools.lru_cache(maxsize=8)
 def _read(path: str) -> tuple[dict, dict]:
     """(tensor table, metadata) of a GGUF file, from the project's bounded header reader
     (gguf.GGUFReader takes a minute over a 163840-entry vocabulary on a busy machine)."""
     from llamacpp_mla_port.gguf.header import read_header
     h = read_header(path)
-    tensors = {t.name: TensorInfo(t.name, t.type_name.lower(), t.shape, t.n_bytes) for t in h.tensors.values()}
-    return tensors, {k: kv.value for k, kv in h.kvs.items()}
+    return h.tensors, {k: kv.value for k, kv in h.kvs.items()}
 
 
 def tensor_table(path: Path) -> dict[str, TensorInfo]:
@@ -121,11 +109,11 @@ class PassWork:
 
 def _mm(ti: TensorInfo, n: int) -> tuple[str, str, int, int, int]:
     """A weight matmul over n activation columns: (name, type, K = ne0, M = rows, FLOPs)."""
-    return (ti.name, ti.type, ti.ne[0], ti.n_elements // ti.ne[0], 2 * n * ti.n_elements)
+    return (ti.name, ti.type_name.lower(), ti.shape[0], ti.n_elements // ti.shape[0], 2 * n * ti.n_elements)
 
 
-def _row_bytes(t: TensorInfo, rows: int) -> int:
-    return t.nbytes // (t.n_elements // t.ne[0]) * rows
+def row_bytes(t: TensorInfo, rows: int) -> int:
+    return t.n_bytes // (t.n_elements // t.shape[0]) * rows
 
 
 def block_work(draft: Path, target: Path, n_block: int = 7, n_ctx: int = 512, cache_bytes_per_value: float = 2.0,
@@ -139,7 +127,7 @@ def block_work(draft: Path, target: Path, n_block: int = 7, n_ctx: int = 512, ca
     w = PassWork(f"block B={n_block} C={n_ctx}", 0, 0)
     for il in range(n_layer):
         for sub in BLOCK_LAYER_TENSORS:
-            w.bytes_weights += d[f"blk.{il}.{sub}.weight"].nbytes
+            w.bytes_weights += d[f"blk.{il}.{sub}.weight"].n_bytes
         for sub in BLOCK_MATMULS:
             ti = d[f"blk.{il}.{sub}.weight"]
             w.matmuls.append(_mm(ti, n_block))
@@ -149,15 +137,15 @@ def block_work(draft: Path, target: Path, n_block: int = 7, n_ctx: int = 512, ca
         w.attention_flops += 2 * n_block * n_head * rows * (kv_width + lora)       # scores, probs . latent
     for name in ("output_norm.weight", "markov_w2.weight", "conf_proj.weight", "conf_proj.bias"):
         if name in d:
-            w.bytes_weights += d[name].nbytes
+            w.bytes_weights += d[name].n_bytes
     if "markov_w2.weight" in d:
         ti = d["markov_w2.weight"]
         w.matmuls.append(_mm(ti, n_block))
-        w.bytes_weights += _row_bytes(d["markov_w1.weight"], n_block)
+        w.bytes_weights += row_bytes(d["markov_w1.weight"], n_block)
     head = d.get("output.weight") or t["output.weight"]
-    w.bytes_weights += head.nbytes
+    w.bytes_weights += head.n_bytes
     w.matmuls.append(_mm(head, n_block))
-    w.bytes_weights += _row_bytes(d.get("token_embd.weight") or t["token_embd.weight"], n_block)
+    w.bytes_weights += row_bytes(d.get("token_embd.weight") or t["token_embd.weight"], n_block)
     w.bytes_cache = int(n_layer * (n_ctx + 2 * n_block) * kv_width * cache_bytes_per_value)
     return w
 
@@ -168,12 +156,12 @@ def inject_work(draft: Path, n_rows: int, cache_bytes_per_value: float = 2.0, ta
     kv_width = int(_meta(draft, "dflash.attention.key_length"))
     w = PassWork(f"inject N={n_rows}", 0, 0)
     for name in ("fc.weight", "enc.output_norm.weight"):
-        w.bytes_weights += d[name].nbytes
+        w.bytes_weights += d[name].n_bytes
     fc = d["fc.weight"]
     w.matmuls.append(_mm(fc, n_rows))
     for il in range(n_layer):
         for sub in INJECT_LAYER_TENSORS:
-            w.bytes_weights += d[f"blk.{il}.{sub}.weight"].nbytes
+            w.bytes_weights += d[f"blk.{il}.{sub}.weight"].n_bytes
         ti = d[f"blk.{il}.attn_kv_a_mqa.weight"]
         w.matmuls.append(_mm(ti, n_rows))
     w.bytes_cache = int(n_layer * n_rows * kv_width * cache_bytes_per_value)

@@ -18,7 +18,7 @@ import re
 import statistics
 from pathlib import Path
 
-from llamacpp_mla_port.bench.floors import BLOCK_LAYER_TENSORS, block_work, tensor_table
+from llamacpp_mla_port.bench.floors import BLOCK_LAYER_TENSORS, block_work, row_bytes, tensor_table
 from llamacpp_mla_port.errors import DeviceCheckError
 
 GROUPS = ("lm_head", "ffn", "attention", "markov_head", "other")
@@ -67,10 +67,6 @@ def node_groups(nodes: list[dict]) -> list[str]:
     return out  # type: ignore[return-value]
 
 
-def _rows_bytes(ti, rows: int) -> int:
-    return ti.nbytes // (ti.n_elements // ti.ne[0]) * rows
-
-
 def group_bytes(draft: Path, target: Path, n_block: int = 7, n_ctx: int = 512,
                 cache_bytes_per_value: float = 2.0) -> dict[str, int]:
     """Bytes each group reads in one block (module doc); their sum is block_work's."""
@@ -80,15 +76,15 @@ def group_bytes(draft: Path, target: Path, n_block: int = 7, n_ctx: int = 512,
     for name, ti in d.items():
         parts = name.split(".")
         if parts[0] == "blk" and parts[2] in BLOCK_LAYER_TENSORS:
-            g["ffn" if parts[2].startswith("ffn_") else "attention"] += ti.nbytes
+            g["ffn" if parts[2].startswith("ffn_") else "attention"] += ti.n_bytes
     g["attention"] += work.bytes_cache
-    g["lm_head"] += (d.get("output.weight") or t["output.weight"]).nbytes
+    g["lm_head"] += (d.get("output.weight") or t["output.weight"]).n_bytes
     for name in ("markov_w2.weight", "conf_proj.weight", "conf_proj.bias"):
-        g["markov_head"] += d[name].nbytes if name in d else 0
+        g["markov_head"] += d[name].n_bytes if name in d else 0
     if "markov_w1.weight" in d:
-        g["markov_head"] += _rows_bytes(d["markov_w1.weight"], n_block)
-    g["other"] += d["output_norm.weight"].nbytes if "output_norm.weight" in d else 0
-    g["other"] += _rows_bytes(d.get("token_embd.weight") or t["token_embd.weight"], n_block)
+        g["markov_head"] += row_bytes(d["markov_w1.weight"], n_block)
+    g["other"] += d["output_norm.weight"].n_bytes if "output_norm.weight" in d else 0
+    g["other"] += row_bytes(d.get("token_embd.weight") or t["token_embd.weight"], n_block)
     if sum(g.values()) != work.bytes_total:
         raise DeviceCheckError(f"the profile's groups read {sum(g.values()):,} B, bench.floors' block "
                                f"{work.bytes_total:,} B", hint="a tensor of the block is in no group: "
