@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 
 from llamacpp_mla_port.fixtures.target import write_kimi_k3_target
-from llamacpp_mla_port.proof.leak_control import LeakyServer
 from llamacpp_mla_port.proof.load import (JUDGED, LEAK_BOUND_KIB_PER_REQUEST, N_MEASURED, WARMUP, check_load,
                                           memory_verdict, mixed_prompts, request_plan, run_load,
                                           run_load_test)
+from tests.helpers.leak_control import LeakyServer
 
 PAGE_KIB = 4
 

@@ -1,9 +1,9 @@
 """Controls for the load test's memory check: an HTTP server that answers like llama-server's
 /health and /completion and either leaks a fixed amount per request or fills a bounded cache
-in a few steps. `memory_verdict` must flag the first and pass the second (tests/test_load.py).
+in a few steps. `memory_verdict` must flag the first and pass the second (tests/proof/test_load.py).
 
-    LeakyServer(log_path, leak_kib=..., cache_steps_kib=...)   .port, .owned, close()
-    python -m llamacpp_mla_port.proof.leak_control PORT LEAK_KIB STEP_KIB STEP_AT,...
+    LeakyServer(log_path, leak_kib=..., cache_step_kib=...)   .port, .owned, close()
+    python tests/helpers/leak_control.py PORT LEAK_KIB STEP_KIB STEP_AT,...
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ class LeakyServer:
                  cache_steps_at: tuple[int, ...] = (), load_timeout: float = 30):
         self.port = free_port()
         at = ",".join(str(a) for a in cache_steps_at) or "-"
-        self.cmd = [sys.executable, "-m", "llamacpp_mla_port.proof.leak_control", str(self.port),
-                    str(leak_kib), str(cache_step_kib), at]
+        self.cmd = [sys.executable, str(Path(__file__).resolve()), str(self.port), str(leak_kib),
+                    str(cache_step_kib), at]
         self.owned = Owned(self.cmd, log_path, name="leak-control")
         try:
             self.owned.wait_http(f"http://{LOCALHOST}:{self.port}/health", seconds=load_timeout)
