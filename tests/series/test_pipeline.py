@@ -345,6 +345,57 @@ def test_a_tag_pin_fetches_the_tag_and_checks_its_tree(tmp_path, pin, sdist_tarb
     assert obtain.cached(other, "git") is None
 
 
+def _tag_commit(repo: Path, base_sha: str, files: dict[str, bytes], name: str) -> str:
+    """A commit of `repo` whose tree is `base_sha`'s with `files` (path -> content) put in."""
+    index = {"GIT_INDEX_FILE": str(repo / f"index-{name}")}
+    git.run(repo, "read-tree", base_sha, env=index)
+    for path, data in files.items():
+        blob = git.store_blob(git.Repo(repo), data)
+        git.run(repo, "update-index", "--add", "--cacheinfo", f"100644,{blob},{path}", env=index)
+    tree = git.run(repo, "write-tree", env=index)
+    return git.run(repo, "commit-tree", tree, "-m", name, env=git.identity_env("Up", "u@x", "2026-10-02T00:00:00Z"))
+
+
+def test_a_tag_that_differs_only_in_the_packagers_files_is_the_pinned_base(tmp_path, pin, monkeypatch, packed_cache):
+    """The pin is a packager's tree (packager_files): upstream's own tag has other contents in
+    those files and must still be taken, and the series applies to it alike; a tag differing in
+    any other file stops, naming it (a local bare repository stands in for GitHub)."""
+    assert pin.commit is None and pin.sdist.packager_files, "the pin names a packager's tree"
+    _own_cache(monkeypatch, packed_cache, tmp_path / "cache")
+    real = obtain.cached(pin, "sdist")
+    up = tmp_path / "up.git"
+    git.run(tmp_path, "init", "-q", "--bare", str(up))
+    (up / "objects" / "info" / "alternates").write_text(f"{obtain.cache_repo().git_dir}/objects\n")
+    theirs = {path: b"upstream's own text\n" for path in pin.sdist.packager_paths}
+    git.run(up, "update-ref", f"refs/tags/{pin.tag}", _tag_commit(up, real.sha, theirs, "tag"))
+    base = obtain.obtain(pin, "git", git_url=str(up), log=lambda *_: None)
+    assert base.tree != pin.tree and base.ref == obtain.pin_ref("git", pin)
+    changed = git.run(obtain.cache_repo(), "diff", "--name-only", pin.tree, base.tree).splitlines()
+    assert sorted(changed) == sorted(pin.sdist.packager_paths)
+    series = load_series(TEMPLATES_DIR)
+    assert not series.files() & set(changed), "the series applies to both trees alike"
+
+    _own_cache(monkeypatch, packed_cache, tmp_path / "cache2")
+    moved = _tag_commit(up, real.sha, {**theirs, "README.md": b"moved on\n"}, "moved")
+    git.run(up, "update-ref", f"refs/tags/{pin.tag}", moved)
+    with pytest.raises(ObtainError, match="not the pinned tree") as exc:
+        obtain.obtain(pin, "git", git_url=str(up), log=lambda *_: None)
+    assert "it differs from it in README.md" in exc.value.message
+    assert not any(p in exc.value.message.split("differs from it in")[1] for p in pin.sdist.packager_paths)
+    assert obtain.cached(pin, "git") is None
+
+
+def test_a_series_that_changes_a_packagers_file_is_refused(tmp_path, copied, pin):
+    """A change to a file the pinned tree's packager changed would apply to one tree and not to
+    upstream's tag: the render stops, naming the file."""
+    templates = _copy_templates(tmp_path)
+    toml = next((templates / "series").glob("05-*")) / "commit.toml"
+    path = pin.sdist.packager_paths[0]
+    toml.write_text(toml.read_text().replace('file = "ggml/src/ggml-rpc/transport.h"', f'file = "{path}"', 1))
+    with pytest.raises(SeriesError, match=f"the series changes {path}, which the pinned tree's packager"):
+        pipeline.check(copied.with_flags(templates_dir=templates), log=lambda *_: None)
+
+
 def test_checksum_mismatch_is_refused(tmp_path, pin, monkeypatch):
     monkeypatch.setenv("MLA_PORT_CACHE", str(tmp_path / "cache"))
     fake = tmp_path / pin.sdist.filename

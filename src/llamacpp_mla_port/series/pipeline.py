@@ -11,6 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from llamacpp_mla_port.errors import SeriesError
 from llamacpp_mla_port.process import git
 from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.series import gitseries as series_mod
@@ -68,6 +69,12 @@ def prepare(opts: Options, log=print) -> tuple[Workspace, git.Repo, Pin, Base]:
 def render(opts: Options, repo: git.Repo, pin: Pin, base: Base) -> Rendered:
     """Render every commit in memory and as commit objects; writes no files."""
     series = load_series(opts.places.templates_dir)
+    ours = sorted(set(pin.sdist.packager_paths if pin.sdist else ()) & series.files())
+    if ours:
+        raise SeriesError(f"the series changes {', '.join(ours)}, which the pinned tree's packager "
+                          f"changed ({pin.sdist.package} {pin.sdist.version}): upstream's tag has "
+                          "other contents there", "pin a tree whose packager leaves that file as "
+                          "upstream has it (templates/pin.toml), or drop the change")
     commits = render_series(series, lambda p: git.read_blob(repo, base.sha, p),
                             base_label=pin.short,
                             extra_vars={"pin": pin})

@@ -153,6 +153,10 @@ class Series:
     def slugs(self) -> tuple[str, ...]:
         return tuple(c.slug for c in self.commits)
 
+    def files(self) -> set[str]:
+        """Every upstream file a change of the series writes."""
+        return {ch.file for c in self.commits for ch in c.changes}
+
     def base_of(self, stack: Stack) -> tuple[Stack, ...]:
         """The stacks `stack` is based on, transitively, in port.toml order."""
         names: set[str] = set()

@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llamacpp_mla_port.errors import PinError
-from llamacpp_mla_port.source.pin import Sdist
+from llamacpp_mla_port.source.pin import Sdist, packager_files
 
 FILE = "upstreams.toml"
 _SPEC = re.compile(r"^(?P<package>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)$")
 _TAG = re.compile(r"^b\d+$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
-RULES = ("version-major",)
+#: how a package's version gives the build number N of tag bN: its first field (N.0.0), its last
+#: (YYYY.M.N)
+RULES = {"version-major": 0, "version-last": -1}
 
 
 @dataclass(frozen=True)
@@ -71,27 +73,29 @@ def load(templates_dir: Path) -> tuple[dict[str, dict], list[NewerTree]]:
                            "copy them from the canary's report of an unrecorded NAME==VERSION")
         sd = Sdist(package=row["package"], version=row["version"], filename=row["filename"],
                    sha256=row["sha256"], size=int(row["size"]), subdir=row["subdir"],
-                   tree=row["tree"])
+                   tree=row["tree"], packager_files=packager_files(row, f"{path} [[tree]] {row['tag']}"))
         derived = _build_by_rule(rules.get(sd.package, {}), sd.version)
         if derived is not None and derived != int(row["build"]):
             raise PinError(f"{path}: [[tree]] {row['tag']}: build {row['build']}, but "
                            f"{sd.package} {sd.version} is build {derived} by the package's rule",
                            "fix the row")
         rows.append(NewerTree(tag=row["tag"], build=int(row["build"]), sdist=sd, recorded=True,
-                              build_from=_build_words(sd) if derived is not None else
+                              build_from=_build_words(sd, rules[sd.package]["build_number"])
+                              if derived is not None else
                               f"recorded in {FILE}"))
     return rules, rows
 
 
 def _build_by_rule(rule: dict, version: str) -> int | None:
-    if rule.get("build_number") == "version-major":
-        head = version.split(".", 1)[0]
-        return int(head) if head.isdigit() else None
-    return None
+    if rule.get("build_number") not in RULES:
+        return None
+    field = version.split(".")[RULES[rule["build_number"]]]
+    return int(field) if field.isdigit() else None
 
 
-def _build_words(sd: Sdist) -> str:
-    return f"{sd.filename}: PKG-INFO Version {sd.version} (the package ships tag bN as N.0.0)"
+def _build_words(sd: Sdist, rule: str) -> str:
+    shape = "N.0.0" if rule == "version-major" else "YYYY.M.N"
+    return f"{sd.filename}: PKG-INFO Version {sd.version} (the package ships tag bN as {shape})"
 
 
 def newest(templates_dir: Path) -> NewerTree:
@@ -138,7 +142,7 @@ def resolve(onto: str, templates_dir: Path) -> NewerTree | None:
                size=size, subdir=rule.get("subdir", ""), tree=None)
     return NewerTree(tag=f"b{build}" if build is not None else onto, build=build, sdist=sd,
                      recorded=False,
-                     build_from=_build_words(sd) if build is not None else
+                     build_from=_build_words(sd, rule["build_number"]) if build is not None else
                      f"unknown: {package} has no build_number rule in {FILE}")
 
 

@@ -126,12 +126,38 @@ def fetch_git(pin: Pin, url: str | None = None) -> Base:
         raise ObtainError(f"{url} gave commit {got}, not the pinned {pin.commit}",
                           "the source is not the pinned upstream; check --git-url")
     if pin.commit is None and (base is None or base.tree != pin.tree):
+        if base is not None and pin.sdist.packager_files and \
+                _with_blobs(repo, base.tree, pin.sdist.packager_files) == pin.tree:
+            return base         # upstream's tag: the pinned tree but for the packager's files
         got = base.tree if base else "nothing"
         git.run(repo, "update-ref", "-d", ref)
+        files = _differing_files(repo, base.tree, pin) if base else []
+        named = f"; it differs from it in {', '.join(files[:5])}" if files else ""
         raise ObtainError(f"{url} gave tag {pin.tag} with tree {got}, not the pinned tree "
-                          f"{pin.tree}", "the tag moved or the source is not the pinned "
+                          f"{pin.tree}{named}", "the tag moved or the source is not the pinned "
                           "upstream; check --git-url, or use --source sdist")
     return base
+
+
+def _with_blobs(repo: git.Repo, tree: str, files: tuple[tuple[str, str], ...]) -> str:
+    """The id of `tree` with each (path, blob id) put in (the blobs need not be in `repo`)."""
+    with tempfile.TemporaryDirectory(prefix="mla-port-packager-") as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        git.run(repo, "read-tree", tree, env=env)
+        git.run(repo, "update-index", "--index-info", env=env,
+                input="".join(f"100644 {blob}\t{path}\n" for path, blob in files))
+        return git.run(repo, "write-tree", "--missing-ok", env=env)
+
+
+def _differing_files(repo: git.Repo, tree: str, pin: Pin) -> list[str]:
+    """The files, other than the packager's, in which `tree` differs from the pinned tree (taken
+    from the pin's sdist, cached or downloaded); [] when that tree cannot be had."""
+    try:
+        import_sdist(pin, log=lambda *_: None)
+        out = git.run(repo, "diff", "--name-only", "--no-renames", pin.tree, tree)
+    except (ObtainError, NetworkError, ProcessError):
+        return []
+    return [f for f in out.splitlines() if f not in pin.sdist.packager_paths]
 
 
 # -------------------------------------------------------------------------- sdist source
@@ -436,7 +462,9 @@ def obtain(pin: Pin, source: str = "auto", git_url: str | None = None,
 def _checked_git(pin: Pin, git_url: str | None, log) -> Base:
     base = fetch_git(pin, git_url)
     if pin.sdist is not None and base.tree != pin.sdist.tree:
+        where = (f" in the packager's files only ({', '.join(pin.sdist.packager_paths)}, which the "
+                 "series does not touch)") if pin.commit is None else ""
         log(f"note: the git tree {base.tree[:12]} differs from the sdist tree "
-            f"{pin.sdist.tree[:12]} recorded in the pin; patches apply by blob id and are "
+            f"{pin.sdist.tree[:12]} recorded in the pin{where}; patches apply by blob id and are "
             "checked when applied")
     return base

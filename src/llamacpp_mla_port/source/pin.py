@@ -26,6 +26,23 @@ class Sdist:
     size: int
     subdir: str       # the llama.cpp folder inside the archive ("": found on import)
     tree: str | None  # git tree id of `subdir` imported as-is (None: not recorded)
+    #: (path, blob id in `tree`) of each file the packager's own patches change: upstream's tag
+    #: has other contents there, and the series must touch none of them
+    packager_files: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def packager_paths(self) -> tuple[str, ...]:
+        return tuple(p for p, _ in self.packager_files)
+
+
+def packager_files(table: dict, where: str) -> tuple[tuple[str, str], ...]:
+    """A table's `packager_files` ({path = blob id}), checked; () when it has none."""
+    files = table.get("packager_files", {})
+    if not isinstance(files, dict) or not all(isinstance(b, str) and _SHA1.match(b) for b in files.values()):
+        raise PinError(f"{where}: packager_files must map each path to its 40-hex blob id",
+                       "write it as packager_files = { \"path/in/tree\" = \"<blob id>\" } "
+                       "(`git ls-tree <tree> -- PATH` gives the id)")
+    return tuple(sorted(files.items()))
 
 
 @dataclass(frozen=True)
@@ -95,7 +112,8 @@ def load_pin(path: Path) -> Pin:
     if "sdist" in data:
         s = data["sdist"]
         sdist = Sdist(**{k: _need(s, k, "sdist", path) for k in
-                         ("package", "version", "filename", "sha256", "size", "subdir", "tree")})
+                         ("package", "version", "filename", "sha256", "size", "subdir", "tree")},
+                      packager_files=packager_files(s, f"{path} [sdist]"))
         if not _SHA256.match(sdist.sha256):
             raise PinError(f"{path}: sdist.sha256 is not a 64-hex digest", "fix the pin")
     if commit is None and (sdist is None or not _SHA1.match(str(sdist.tree))):
