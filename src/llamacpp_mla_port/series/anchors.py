@@ -76,6 +76,39 @@ def nearest_lines(text: str, anchor: str, limit: int = 3) -> list[str]:
     return [f"{no}: {line}" for _, no, line in best[:limit]]
 
 
+def nearest_region(text: str, anchor: str, lo: int = 0, hi: int | None = None) -> list[str]:
+    """For an anchor of several lines missing from text[lo:hi]: the first anchor line that
+    differs in the region there holding most of its lines in order, and that region, as
+    "LINE: text" ([] for one line, or when no anchor line stands there)."""
+    raw = anchor.strip("\n").splitlines()
+    want = [ln.strip() for ln in raw]
+    if len(want) < 2:
+        return []
+    first = line_of(text, lo) - 1
+    lines = text[lo:hi].splitlines()
+    have = [ln.strip() for ln in lines]
+    at: dict[str, list[int]] = {}
+    for i, line in enumerate(have):
+        at.setdefault(line, []).append(i)
+    starts = sorted({i - k for k, w in enumerate(want) if w for i in at.get(w, ())})
+    if not starts:
+        return []
+
+    def same(s: int, k: int, exact: bool = False) -> bool:
+        got = (lines if exact else have)[s + k] if 0 <= s + k < len(have) else None
+        return got == (raw if exact else want)[k]
+    best = max(starts, key=lambda s: sum(same(s, k) for k in range(len(want))))
+    k = next((k for k in range(len(want)) if not same(best, k)), None)
+    if k is None:       # every line stands there: its blanks differ
+        k = next((k for k in range(len(want)) if not same(best, k, exact=True)), 0)
+    got = have[best + k] if 0 <= best + k < len(have) else "(end of file)"
+    a, b = max(best, 0), min(best + len(want), len(have))
+    blanks = " (only its blanks differ)" if got == want[k] else ""
+    return [f"anchor line {k + 1} of {len(want)} diverged: {want[k]!r}, upstream line {first + best + k + 1}: "
+            f"{got!r}{blanks}; the region for the whole anchor: lines {first + a + 1}-{first + b}"] + \
+        [f"{first + i + 1}: {have[i]}" for i in range(a, b)]
+
+
 def scope(change: Change, text: str) -> tuple[int, int]:
     """The part of `text` the change's anchor is searched in (the whole text when the
     `within` scope is not unique; up to the end when `within_end` is not found)."""
@@ -113,11 +146,9 @@ class Miss:
     def error(self, change: Change, text: str, base_label: str) -> AnchorError:
         where = f"{change.file} at base {base_label}"
         if self.count == 0:
-            cand = ("; nearest candidate lines: " + " | ".join(self.candidates)) \
-                if self.candidates else "; no similar lines"
             return AnchorError(
                 f"{change.origin}: {self.what} not found in {where}: "
-                f"{_short(self.pattern)!r}{cand}",
+                f"{_short(self.pattern)!r}{candidates_text(self.candidates, 'nearest')}",
                 "upstream moved: update the anchor in the commit.toml (or run `llamacpp-mla-port "
                 "rebase`); nothing was written")
         lines = [line_of(text, s) for s, _ in find_all(self.pattern, text, change.regex)]
@@ -128,15 +159,24 @@ class Miss:
             "nothing was written")
 
 
+def candidates_text(cand: list[str], word: str) -> str:
+    """The candidates of a miss for a message: a multi-line anchor's diverged line and region
+    (nearest_region), else the nearest lines."""
+    if cand and cand[0].startswith("anchor line "):
+        return f"; {cand[0]}: " + " | ".join(cand[1:])
+    return f"; {word} candidate lines: " + " | ".join(cand) if cand else "; no similar lines"
+
+
 def _short(s: str) -> str:
     s = s.strip("\n")
     lines = s.splitlines()
     return lines[0] + (f" ... (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
 
 
-def _miss(what: str, pattern: str, text: str, hits: list[tuple[int, int]]) -> Miss:
+def _miss(what: str, pattern: str, text: str, hits: list[tuple[int, int]], lo: int = 0,
+          hi: int | None = None) -> Miss:
     if not hits:
-        return Miss(what, pattern, 0, nearest_lines(text, pattern))
+        return Miss(what, pattern, 0, nearest_region(text, pattern, lo, hi) or nearest_lines(text, pattern))
     lines = text.splitlines()
     return Miss(what, pattern, len(hits),
                 [f"{line_of(text, s)}: {lines[line_of(text, s) - 1].strip()}" for s, _ in hits[:5]])
@@ -157,5 +197,5 @@ def locate(change: Change, text: str) -> Located | Miss:
             hi = ends[0][0]
     hits = find_all(change.anchor, text, change.regex, lo, hi)
     if len(hits) != 1:
-        return _miss("anchor", change.anchor, text, hits)
+        return _miss("anchor", change.anchor, text, hits, lo, hi)
     return Located(*hits[0])

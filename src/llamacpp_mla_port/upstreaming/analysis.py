@@ -174,5 +174,4 @@ def _failure_text(status: str, path: str, pattern: str, cand: list[str], label: 
     what, _, kind = status.partition("-")
     first = next((ln.strip() for ln in pattern.splitlines() if ln.strip()), pattern.strip())
     verb = "matches several times" if kind == "ambiguous" else "not found"
-    near = ("; closest candidate lines: " + " | ".join(cand)) if cand else "; no similar lines"
-    return f"{what} {verb} in {path} at {label}: {first!r}{near}"
+    return f"{what} {verb} in {path} at {label}: {first!r}{anchors.candidates_text(cand, 'closest')}"
