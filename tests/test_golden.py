@@ -271,14 +271,15 @@ def test_canary_stage_lines_of_a_run_that_proves():
     entries = {
         "obtain": OBTAIN, "anchor": ANCHOR, "apply": APPLY,
         "build": {"ok": True, "seconds": 184.6, "targets": TARGETS},
-        "stacks": {"ok": True, "seconds": 402.0, "targets": ["llama", "test-llama-archs"],
-                   "stacks": [{"stack": "rpc", "seconds": 95.4, "ok": True},
-                              {"stack": "mla-draft", "seconds": 301.6, "ok": True}]},
         "proof": {"ok": True, "seconds": 1234.5,
                   "figures": {"parity_worst_nmse": {"mla-tiny": {"f32": 1.234e-13, "f16": 4.5e-7},
                                                     "mla-k3": {"f32": 2.1e-12, "f16": 3.96e-7}},
                               "lossless_runs": {"runs": 28, "identical": 28, "mismatches": 0}},
                   "vs_baseline": {"equal": True, "compared": 40, "differences": []}},
+        "stacks": {"ok": True, "seconds": 402.0, "targets": ["llama", "test-llama-archs"],
+                   "stacks": [{"stack": "rpc", "renders": True, "builds": True, "proves": True, "message": ""},
+                              {"stack": "mla-draft", "renders": True, "builds": True, "proves": True,
+                               "message": ""}]},
     }
     text = "".join(canary.stage_line(name, e) + "\n" for name, e in entries.items())
     assert_golden("canary/ok.txt", text)
@@ -320,8 +321,12 @@ def test_the_canary_summary_puts_the_verdict_first(tmp_path):
               "stages": {"obtain": {"ok": True, "seconds": 3.4, "label": "b11500", "build": 11500,
                                     "source": "sdist", "tree": "1122334455667788990011223344556677889900"},
                          "anchor": anchor, "apply": {"ok": True, "seconds": 1.2, "patches": 16, "head": "ab" * 20},
-                         "build": {"ok": True, "seconds": 54.7, "targets": ["llama-server"]},
-                         "stacks": {"ok": None, "skipped": "not asked (--build-stacks)"}, "proof": skipped}}
+                         "build": {"ok": True, "seconds": 54.7, "targets": ["llama-server"]}, "proof": skipped,
+                         "stacks": {"ok": False, "seconds": 9.5, "message": "PR stack rpc on b11500: anchor line 2 "
+                                    "of 2 diverged", "stacks": [
+                             {"stack": "rpc", "renders": False, "builds": None, "proves": None,
+                              "message": "anchor line 2 of 2 diverged: 'bool reuse;', upstream line 1171: 'auto x;'"},
+                             {"stack": "mla-draft", "renders": True, "builds": True, "proves": True, "message": ""}]}}}
     text = "\n".join(canary.summary_lines(report, "b11500", Path("work-canary/canary.json"))) + "\n"
     assert_golden("canary/review.txt", text)
     assert text.startswith("canary: REVIEW on b11500: ")

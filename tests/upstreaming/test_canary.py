@@ -65,7 +65,9 @@ def test_a_renamed_function_ends_at_anchor_with_the_anchor_and_candidates(world,
     rc, report, lines = demo.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up))
     assert rc == 1 and not report["ok"] and report["stage"] == "anchor"
     assert _stages(report) == {"obtain": True, "anchor": False, "apply": None, "build": None,
-                               "stacks": None, "proof": None}
+                               "proof": None, "stacks": False}
+    rows = {r["stack"]: r for r in report["stages"]["stacks"]["stacks"]}
+    assert (rows["gguf-demo"]["renders"], rows["graph-demo"]["renders"]) == (True, False)   # not hidden
     fail = report["failure"]
     assert fail["file"] == GRAPH and fail["anchor"] == K_SET_INPUT
     assert fail["status"] == "within-missing" and fail["patch"].startswith("0002-")
@@ -99,8 +101,8 @@ def test_make_canary_prints_the_verdict_first_and_review_when_upstream_landed_a_
     report = json.loads((tmp_path / "canary" / canary.REPORT_NAME).read_text())
     assert rc == 1 and not report["ok"] and report["verdict"] == "review" and built, out + err
     first = out.splitlines()[0]
-    assert first.startswith(f"canary: REVIEW on {new[:12]}: the series renders, applies, builds (no proof), but "
-                            "1 change(s) probably merged upstream"), first
+    assert first.startswith(f"canary: REVIEW on {new[:12]}: the series renders, applies, builds (no proof), and "
+                            "each PR stack renders alone, but 1 change(s) probably merged upstream"), first
     assert "[series/10-gguf-py-demo] gguf-py/gguf/constants.py:" in first and "'MODEL_TENSOR.ATTN_KV_A_MQA,'" in first
     assert re.search(r"^  anchor +ok .*REVIEW: 1 probably merged upstream; tree identity holds", out, re.M), out
     assert re.search(r"^probably merged: 0001 \[series/10-gguf-py-demo\] gguf-py/gguf/constants.py:\d+: "
@@ -255,60 +257,87 @@ def test_a_tree_that_builds_and_proves_ends_ok(world, tmp_path, capsys):
     before = p.snapshot()
     rc, report, lines = p.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up))
     assert rc == 0 and report["ok"] and report["stage"] == "ok", json.dumps(report["failure"], indent=1)
-    assert all(v for k, v in _stages(report).items() if k != "stacks")
-    assert report["stages"]["stacks"]["skipped"] == "not asked (--build-stacks)"
+    assert all(_stages(report).values())
+    assert {r["renders"] for r in report["stages"]["stacks"]["stacks"]} == {True}
+    assert {r["builds"] for r in report["stages"]["stacks"]["stacks"]} == {None}    # not asked (--build-stacks)
     figures = report["stages"]["proof"]["figures"]
     assert figures["lossless_runs"]["identical"] == figures["lossless_runs"]["runs"] > 0
     assert "proof    ok" in lines.replace("  ", " ") or re.search(r"proof +ok", lines)
     _untouched(p, before)
 
 
-def _stacks_state(tmp_path, monkeypatch, fail: str | None):
-    """The stacks stage on three rendered stacks, with pr's per-commit check standing in for the
-    build (the real builds: `make canary`, slow); `fail` names the stack whose build fails."""
-    from types import SimpleNamespace
-    from llamacpp_mla_port.upstreaming import pr
+K_IDXS = "    mctx->set_input_k_idxs(self_k_idxs, ubatch);\n"
 
-    built = []
+
+def test_one_stale_stack_does_not_hide_the_others(world, tmp_path, capsys, monkeypatch):
+    """graph-demo's anchor (three lines here) no longer matches: the series stops at anchor, but
+    the stacks stage still judges each stack alone, a table (renders, builds, proves), and names
+    the anchor line that diverged with the region for the whole anchor. Builds and upstream's
+    tests are stood in for (pr's per-commit check, the stack's test run): the real ones are
+    `make canary`'s."""
+    from llamacpp_mla_port.upstreaming import pr
+    p = Project(world, tmp_path / "project", world.base, work_tree=False)
+    toml = p.templates / "series" / "20-graph-demo" / "commit.toml"
+    toml.write_text(toml.read_text().replace(f'anchor = """\n{MASK}"""', f'anchor = """\n{K_IDXS}\n{MASK}"""'))
+    (toml.parent / "mask.cpp.j2").write_text(K_IDXS + "\n" + (toml.parent / "mask.cpp.j2").read_text())
+    moved = MASK.replace("causal_attn)", "causal_attn, true)")
+    new = world.commit("canary-stale-stack", {GRAPH: lambda t: t.replace(K_IDXS + "\n" + MASK, K_IDXS + "\n" + moved, 1)})
+    built, proved = [], []
 
     def check_commits(repo, base, head, checkout, build_dir, targets, build, log):
-        assert base == f"{head}~1" and build is not None and "test-llama-archs" in targets
-        built.append((head, checkout, build_dir))
-        name = head.removesuffix("-head")
-        if name == fail:
-            (build_dir).mkdir(parents=True, exist_ok=True)
-            (build_dir / build_mod.LOG_NAME).write_text(
-                f"FAILED: x.o\n{checkout}/src/llama-model.cpp:12:5: error: unused variable 'n' [-Werror]\n")
-        return [pr.CommitCheck(sha=head, title="t", files=[], build_ok=name != fail, build_seconds=1.0,
-                               build_error="" if name != fail else "ninja: build stopped")]
-
+        built.append(head)
+        return [pr.CommitCheck(sha=head, title="t", files=[], build_ok=True, build_seconds=1.0)]
     monkeypatch.setattr(pr, "check_commits", check_commits)
-    monkeypatch.setattr(canary, "cache_repo", lambda: tmp_path / "base.git")
-    opts = SimpleNamespace(places=project.Places().with_flags(canary_dir=tmp_path / "canary"), jobs=1)
-    state = {"target": SimpleNamespace(label="b11434"),
-             "outcome": SimpleNamespace(stacks=[{"stack": n, "head": f"{n}-head"}
-                                                for n in ("rpc", "pair-check", "mla")])}
-    return opts, state, built
+    monkeypatch.setattr(canary, "_prove_stack", lambda bins, files, logs: proved.append(files) or [])
+    rc, report, lines = p.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up),
+                                 "--build-stacks")
+    assert rc == 1 and report["stage"] == "anchor" and _stages(report)["stacks"] is False
+    rows = {r["stack"]: r for r in report["stages"]["stacks"]["stacks"]}
+    assert [(rows["gguf-demo"][k], rows["graph-demo"][k]) for k in ("renders", "builds", "proves")] == \
+        [(True, False), (True, None), (True, None)]
+    assert len(built) == 1 and proved == [[GGUF]]
+    line = world.read(new, GRAPH).splitlines().index(moved.rstrip("\n")) + 1
+    want = (f"anchor line 3 of 3 diverged: {MASK.strip()!r}, upstream line {line}: {moved.strip()!r}; "
+            f"the region for the whole anchor: lines {line - 2}-{line}")
+    assert want in rows["graph-demo"]["message"] and want in report["failure"]["message"]
+    assert f"{line}: {moved.strip()}" in report["failure"]["candidates"]
+    text = canary.summary_lines(report, new[:12], tmp_path / "canary.json")
+    table = text[text.index(next(t for t in text if t.split()[:4] == ["stack", "renders", "builds", "proves"])):]
+    assert table[1].split()[:4] == ["gguf-demo", "ok", "ok", "ok"], table
+    assert table[2].split()[:4] == ["graph-demo", "FAILED", "--", "--"] and want in table[2]
+    assert table[3].split()[:4] == ["(whole", "series)", "FAILED", "--"], table
 
 
-def test_the_stacks_stage_builds_each_stack_head_alone(tmp_path, monkeypatch):
-    opts, state, built = _stacks_state(tmp_path, monkeypatch, fail=None)
-    out = canary._build_stacks(opts, state, log=lambda *a: None)
-    assert [s["stack"] for s in out["stacks"]] == ["rpc", "pair-check", "mla"] and all(s["ok"] for s in out["stacks"])
-    assert [b[0] for b in built] == ["rpc-head", "pair-check-head", "mla-head"]
-    assert {b[1] for b in built} == {tmp_path / "canary" / "stacks" / "llama.cpp"}   # one worktree, one build dir
-    assert out["cmake_args"] == ["-DGGML_NATIVE=OFF", "-DLLAMA_FATAL_WARNINGS=ON"]   # upstream CI's CPU build
-    assert "rpc built alone" in canary.stage_line("stacks", {"ok": True, "seconds": 3.0, **out})
+def test_a_stack_that_does_not_build_or_prove_alone_is_named_in_its_row(world, tmp_path, capsys, monkeypatch):
+    """With the series' own stages passing (its build stood in for), one stack whose head does
+    not build alone and one whose upstream tests fail: each row says why, the verdict fails."""
+    from llamacpp_mla_port.upstreaming import pr
+    p = Project(world, tmp_path / "project", world.base, work_tree=False)
+    new = world.commit("canary-stack-builds", {"docs/speculative.md": lambda t: "<!-- moved on -->\n\n" + t})
 
-
-def test_a_stack_that_does_not_build_alone_ends_the_stacks_stage_naming_it(tmp_path, monkeypatch):
-    opts, state, built = _stacks_state(tmp_path, monkeypatch, fail="pair-check")
-    with pytest.raises(canary.StageFailed) as err:
-        canary._build_stacks(opts, state, log=lambda *a: None)
-    evidence = err.value.evidence
-    assert evidence["stack"] == "pair-check" and [b[0] for b in built] == ["rpc-head", "pair-check-head"]
-    assert evidence["message"] == ("PR stack pair-check does not build alone on b11434: "
-                                   "src/llama-model.cpp:12: unused variable 'n' [-Werror]")
+    def check_commits(repo, base, head, checkout, build_dir, targets, build, log):
+        fail = GRAPH in git.run(repo, "diff", "--name-only", f"{head}~1", head)
+        if fail:
+            build_dir.mkdir(parents=True, exist_ok=True)
+            (build_dir / build_mod.LOG_NAME).write_text(
+                f"FAILED: x.o\n{checkout}/src/llama-graph.cpp:12:5: error: unused variable 'n' [-Werror]\n")
+        return [pr.CommitCheck(sha=head, title="t", files=[], build_ok=not fail, build_seconds=1.0,
+                               build_error="ninja: build stopped" if fail else "")]
+    monkeypatch.setattr(pr, "check_commits", check_commits)
+    monkeypatch.setattr(canary, "_build", lambda opts, ws, state: {"targets": ["llama"]})
+    monkeypatch.setattr(canary, "_prove", lambda opts, ws, log: {
+        "figures": {"parity_worst_nmse": {}, "lossless_runs": {"identical": 1, "runs": 1}}})
+    monkeypatch.setattr(canary, "_prove_stack", lambda bins, files, logs: ["dflash|CPU|mla"])
+    rc, report, lines = p.canary(capsys, tmp_path / "canary", "--onto", new, "--git-url", str(world.up),
+                                 "--build-stacks")
+    assert rc == 1 and report["stage"] == "stacks" and report["verdict"] == "failed"
+    rows = {r["stack"]: r for r in report["stages"]["stacks"]["stacks"]}
+    assert (rows["gguf-demo"]["builds"], rows["gguf-demo"]["proves"]) == (True, False)
+    assert rows["gguf-demo"]["message"] == "1 case(s) of upstream's tests fail, first dflash|CPU|mla"
+    assert (rows["graph-demo"]["builds"], rows["graph-demo"]["proves"]) == (False, None)
+    assert rows["graph-demo"]["message"] == ("does not build alone: src/llama-graph.cpp:12: unused variable 'n' "
+                                             "[-Werror]")
+    assert report["failure"]["message"].startswith("PR stack gguf-demo on ")
 
 
 def test_a_failing_proof_names_its_check_first():
@@ -589,6 +618,27 @@ def test_the_pin_and_the_upstreams_table_name_one_tree_for_its_tag():
     if row is not None:
         assert (row.sdist.sha256, row.sdist.tree) == (pin.sdist.sha256, pin.sdist.tree)
     assert newer_mod.newest(REPO / "templates").build >= int(pin.tag[1:])
+    assert row.sdist.packager_files == pin.sdist.packager_files      # the pin says what its packager changed
+
+
+def test_a_packager_row_takes_its_build_from_the_versions_last_field_and_names_its_files(tmp_path):
+    """xllamacpp ships build N as YYYY.M.N: the rule checks the row's build; its packager_files map
+    each path to a blob id, and anything else is refused with a message."""
+    rules = '[packages.xl]\nsubdir = "thirdparty/llama.cpp"\nbuild_number = "version-last"\n'
+    row = {"tag": "b11549", "build": 11549, "package": "xl", "version": "2026.10.11549", "filename": "xl.tar.gz",
+           "sha256": "c" * 64, "size": 1, "subdir": "thirdparty/llama.cpp", "tree": "e" * 40}
+    _table(tmp_path, [row], rules)
+    (got,) = newer_mod.load(tmp_path)[1]
+    assert got.build == 11549 and "YYYY.M.N" in got.build_from and got.sdist.packager_files == ()
+    _table(tmp_path, [{**row, "build": 11548}], rules)
+    with pytest.raises(PinError, match="is build 11549 by the package's rule"):
+        newer_mod.load(tmp_path)
+    (tmp_path / newer_mod.FILE).write_text((tmp_path / newer_mod.FILE).read_text().replace(
+        "build = 11548", 'build = 11549\npackager_files = { "vendor/x.h" = "' + "a" * 40 + '" }'))
+    assert newer_mod.load(tmp_path)[1][0].sdist.packager_paths == ("vendor/x.h",)
+    (tmp_path / newer_mod.FILE).write_text((tmp_path / newer_mod.FILE).read_text().replace("a" * 40, "main"))
+    with pytest.raises(PinError, match="packager_files must map each path to its 40-hex blob id"):
+        newer_mod.load(tmp_path)
 
 
 def test_canary_onto_newest_with_nothing_newer_than_the_pin_says_so_and_exits_cleanly(tmp_path, capsys):

@@ -15,10 +15,14 @@ Stages, in order; the first that fails ends the run and names its evidence:
            patch, file, line and hunk
   build    build.ensure_build of the targets the proof needs: the first compiler (or CMake,
            or linker) error with file and line, and the series patch that wrote that line
-  stacks   (--build-stacks) each PR stack's head alone on the new upstream, built as `pr`
-           builds a commit (its targets, GGML_NATIVE=OFF, LLAMA_FATAL_WARNINGS) in <canary-dir>/stacks/:
-           the stack that fails and its build error
   proof    proof.smoke.run_smoke: the failing checks, and the figures either way
+  stacks   run whatever the series did (one stale stack never hides the others): each PR stack
+           rendered ALONE on the new upstream (on the stacks it depends on), then with
+           --build-stacks its head built as `pr` builds a commit (its targets, GGML_NATIVE=OFF,
+           LLAMA_FATAL_WARNINGS) in <canary-dir>/stacks/ and, unless --no-proof, proved there by
+           upstream's own tests with the stack's cases (test-llama-archs; test-backend-ops -b CPU
+           for the ops its ggml-cpu files reach): a row per stack (renders, builds, proves) and
+           why it failed. A stack writing a file the tree's packager changed is not judged there.
 Every stage records its time. A rerun reuses the canary dir (incremental build).
 
 The verdict: "failed" (a stage failed), "review" (every stage passed, but the anchor stage left
@@ -36,9 +40,9 @@ from pathlib import Path
 
 from llamacpp_mla_port import build as build_mod
 from llamacpp_mla_port.process import git
-from llamacpp_mla_port.project import Build, Places, build_in, tree_in
+from llamacpp_mla_port.project import Build, Places, bin_dir, build_in, tree_in
 from llamacpp_mla_port.errors import PatchApplyError, PortError, ProcessError, SeriesError
-from llamacpp_mla_port.series import gitseries as series_mod
+from llamacpp_mla_port.series import gitseries as series_mod, stacks as stacks_mod
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.series.worktree import Workspace, apply_series
 from llamacpp_mla_port.source.obtain import cache_repo
@@ -48,7 +52,7 @@ from llamacpp_mla_port.upstreaming.rebase import (MERGED, PROBABLE, RebaseOption
                                                   rebase, review_text)
 from llamacpp_mla_port.upstreaming.targets import Target
 
-STAGES = ("obtain", "anchor", "apply", "build", "stacks", "proof")
+STAGES = ("obtain", "anchor", "apply", "build", "proof", "stacks")
 ENV_DIR = "MLA_PORT_CANARY_DIR"      # read by project.Places.canary_dir; named in messages
 REPORT_NAME = "canary.json"
 
@@ -77,9 +81,6 @@ class CanaryOptions:
         return self.places.canary_dir.absolute()
 
 
-_Failed = StageFailed
-
-
 def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
     """Every stage until the first failure; the report (see the module doc). `on_stage(name,
     entry)` is called as each stage ends (the verb prints one line per stage)."""
@@ -95,8 +96,6 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
              ("anchor", lambda: _anchor(opts, state, log)),
              ("apply", lambda: _apply(opts, ws, state, log)),
              ("build", lambda: _build(opts, ws, state))]
-    if opts.build_stacks:
-        steps.append(("stacks", lambda: _build_stacks(opts, state, log)))
     if opts.prove:
         steps.append(("proof", lambda: _prove(opts, ws, log)))
 
@@ -109,6 +108,11 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
     runner = Stages(report["stages"], stop_on_failure=True, merge=True, log=ended)
     for name, fn in steps:
         runner.run(name, fn)
+    if "target" in state:       # obtained: every stack on its own, whatever the series did
+        Stages(report["stages"], merge=True, log=ended).run("stacks", lambda: _stacks(opts, state, log))
+        if runner.failed is None and not report["stages"]["stacks"]["ok"]:
+            runner.failed = "stacks"
+    steps.append(("stacks", None))
     anchor = report["stages"].get("anchor") or {}
     report["review"] = {"probably_merged": anchor.get("probably_merged", []),
                         "tree_identity": anchor.get("tree_identity")}
@@ -125,7 +129,7 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
                     if k not in ("ok", "seconds", "figures")}
         report["failure"] = {"stage": name, **evidence}
     runner.skip_rest(name for name, _ in steps)
-    not_asked = {"stacks": "not asked (--build-stacks)", "proof": "not asked (--no-proof)"}
+    not_asked = {"proof": "not asked (--no-proof)"}
     for name in STAGES:
         if name not in report["stages"]:
             report["stages"][name] = {"ok": None, "skipped": not_asked[name]}
@@ -163,18 +167,18 @@ def _anchor(opts: CanaryOptions, state: dict, log) -> dict:
                "tree_identity": outcome.tree_identity.to_json()}
     if outcome.status == "stack-conflict":
         bad = next(t for t in outcome.stacks if not t["ok"])
-        raise _Failed({**summary, "outcome": outcome.status, "status": "stack-conflict",
-                       "stack": bad["stack"], "message": f"PR stack {bad['stack']}: {bad['message']}",
-                       "hint": bad.get("hint")})
+        raise StageFailed({**summary, "outcome": outcome.status, "status": "stack-conflict",
+                           "stack": bad["stack"], "message": f"PR stack {bad['stack']}: {bad['message']}",
+                           "hint": bad.get("hint")})
     if outcome.verdict == "failed":
         first = outcome.first_failure
         evidence = dataclasses.asdict(first) if first else {}
         bad = [dataclasses.asdict(c) for c in outcome.changes if c.failed or c.status == MERGED]
-        raise _Failed({**summary, "outcome": outcome.status, "status": evidence.get("status"),
-                       "message": first.message if first else outcome.status,
-                       "file": evidence.get("file"), "anchor": evidence.get("anchor"),
-                       "candidates": evidence.get("candidates", []), "change": evidence.get("change"),
-                       "patch": evidence.get("patch"), "failures": bad})
+        raise StageFailed({**summary, "outcome": outcome.status, "status": evidence.get("status"),
+                           "message": first.message if first else outcome.status,
+                           "file": evidence.get("file"), "anchor": evidence.get("anchor"),
+                           "candidates": evidence.get("candidates", []), "change": evidence.get("change"),
+                           "patch": evidence.get("patch"), "failures": bad})
     return {**summary, "patches": outcome.patches, "range_diff": outcome.range_diff}
 
 
@@ -194,13 +198,13 @@ def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
         head = apply_series(ws, repo, target.base.sha, series, patches, touched, want)
     except PatchApplyError as err:
         d = err.details
-        raise _Failed({"message": f"`git am -3` rejected {d.get('patch', 'a patch')}"
-                                  + (f" at {d['file']}:{d['line']}" if "file" in d and "line" in d else ""),
-                       "patch": d.get("patch"), "subject": d.get("subject"), "file": d.get("file"),
-                       "line": d.get("line"), "hunk": d.get("hunk"), "output": d.get("output")})
+        raise StageFailed({"message": f"`git am -3` rejected {d.get('patch', 'a patch')}"
+                                       + (f" at {d['file']}:{d['line']}" if "file" in d and "line" in d else ""),
+                           "patch": d.get("patch"), "subject": d.get("subject"), "file": d.get("file"),
+                           "line": d.get("line"), "hunk": d.get("hunk"), "output": d.get("output")})
     except SeriesError as err:
-        raise _Failed({"message": err.message, "patch": None, "file": None, "line": None,
-                       "hunk": None})
+        raise StageFailed({"message": err.message, "patch": None, "file": None, "line": None,
+                           "hunk": None})
     return {"patches": len(patches), "head": head}
 
 
@@ -215,7 +219,7 @@ def _build(opts: CanaryOptions, ws: Workspace, state: dict) -> dict:
                     "file": first and first["file"], "line": first and first["line"]}
         if where:
             evidence["written_by"] = _blame(ws, first["file"], first["line"])
-        raise _Failed(evidence) from None
+        raise StageFailed(evidence) from None
     return {"targets": list(targets)}
 
 
@@ -229,28 +233,67 @@ def _first_build_error(build_dir: Path, tree: Path) -> tuple[Path, dict | None, 
     return log_path, first, where
 
 
-def _build_stacks(opts: CanaryOptions, state: dict, log) -> dict:
-    """Each PR stack's head (rendered alone by the anchor stage, in the obtain cache), checked
-    out in one tool-owned worktree and built as `pr` builds a commit, one build dir for all."""
+def _stacks(opts: CanaryOptions, state: dict, log) -> dict:
+    """Each PR stack alone on the new upstream: rendered, then (--build-stacks) built and proved
+    in one tool-owned worktree and build dir; a row per stack (module doc)."""
     from llamacpp_mla_port.upstreaming.pr import PR_CMAKE_ARGS, PR_TARGETS, check_commits, commit_build
-    label = state["target"].label
+    target: Target = state["target"]
+    pin = load_pin(opts.places.pin_file)
+    series = load_series(opts.places.templates_dir)
+    extra = {"pin": dataclasses.replace(pin, commit=target.commit, tag=target.tag, sdist=target.sdist)}
+    packager = set(target.sdist.packager_paths if target.sdist else ())
     stacks_dir = opts.places.canary_stacks_dir.absolute()
     checkout, build_dir = tree_in(stacks_dir), build_in(stacks_dir)
-    build = commit_build(opts.jobs)
-    out = []
-    for entry in state["outcome"].stacks:
-        head = entry["head"]
+    rows = []
+    for stack in series.stacks:
+        row = {"stack": stack.name, "renders": None, "builds": None, "proves": None, "message": ""}
+        rows.append(row)
+        files = sorted(series.only(stack).files())
+        if packager & set(files):
+            row["message"] = (f"not judged on {target.label}: its packager changed "
+                              f"{', '.join(sorted(packager & set(files)))}")
+            continue
+        try:
+            head = stacks_mod.render_stack(cache_repo(), series, stack, target.base.sha, target.label, extra).head
+        except PortError as err:
+            row.update(renders=False, message=err.message)
+            continue
+        row.update(renders=True, head=head)
+        if not opts.build_stacks:
+            continue
         check = check_commits(cache_repo(), f"{head}~1", head, checkout, build_dir, list(PR_TARGETS),
-                              build, log)[0]
-        out.append({"stack": entry["stack"], "head": head, "ok": bool(check.build_ok),
-                    "seconds": check.build_seconds, "warnings_in_touched_files": check.warnings,
-                    "lint_findings": len(check.findings), "error": check.build_error})
+                              commit_build(opts.jobs), log)[0]
+        row.update(builds=bool(check.build_ok), seconds=check.build_seconds,
+                   warnings_in_touched_files=check.warnings, lint_findings=len(check.findings))
         if not check.build_ok:
-            log_path, first, where = _first_build_error(build_dir, checkout)
-            where = where or (check.build_error.strip().splitlines() or ["the build failed"])[-1]
-            raise _Failed({"message": f"PR stack {entry['stack']} does not build alone on {label}: {where}",
-                           "stack": entry["stack"], "error": first, "log": str(log_path), "stacks": out})
-    return {"stacks": out, "targets": list(PR_TARGETS), "cmake_args": list(PR_CMAKE_ARGS)}
+            _, _, where = _first_build_error(build_dir, checkout)
+            last = (check.build_error.strip().splitlines() or ["the build failed"])[-1]
+            row["message"] = f"does not build alone: {where or last}"
+            continue
+        if opts.prove:
+            failed = _prove_stack(bin_dir(build_dir), files, stacks_dir / "logs" / stack.name)
+            row.update(proves=not failed, failing_cases=failed[:20])
+            if failed:
+                row["message"] = f"{len(failed)} case(s) of upstream's tests fail, first {failed[0]}"
+    out = {"stacks": rows, "targets": list(PR_TARGETS), "cmake_args": list(PR_CMAKE_ARGS)}
+    bad = next((r for r in rows if False in (r["renders"], r["builds"], r["proves"])), None)
+    if bad is not None:
+        raise StageFailed({**out, "stack": bad["stack"],
+                           "message": f"PR stack {bad['stack']} on {target.label}: {bad['message']}"})
+    return out
+
+
+def _prove_stack(bins: Path, files: list[str], logs: Path) -> list[str]:
+    """The cases of upstream's own tests that fail on a stack's build: test-llama-archs (the stack's
+    cases among them), and test-backend-ops -b CPU for the ops its ggml-cpu files reach."""
+    from llamacpp_mla_port.upstreaming.harness_diff import archs_table, backend_ops_results, run_tool, stack_scope
+    table, _ = archs_table(bins / "test-llama-archs", logs, "stack")
+    failed = sorted(k for k, v in table.items() if v == "FAIL")
+    for op in stack_scope(files)[1]:
+        cases = backend_ops_results(run_tool([str(bins / "test-backend-ops"), "-b", "CPU", "-o", op], 3600,
+                                             ok=(0, 1)))
+        failed += sorted(k for k, v in cases.items() if v == "FAIL")
+    return failed
 
 
 def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:
@@ -268,7 +311,7 @@ def _prove(opts: CanaryOptions, ws: Workspace, log) -> dict:
         where["vs_baseline"] = compare_figures(json.loads(Path(opts.baseline).read_text()), report)
     if not report["ok"]:
         checks = failing_checks(report)
-        raise _Failed({"message": checks[0]["message"], "checks": checks, **where})
+        raise StageFailed({"message": checks[0]["message"], "checks": checks, **where})
     return where
 
 
@@ -320,8 +363,10 @@ def stage_line(name: str, entry: dict) -> str:
     elif name == "build":
         what = f"built {' '.join(entry['targets'])}"
     elif name == "stacks":
-        what = "; ".join(f"{s['stack']} built alone ({s['seconds']:.0f} s)" for s in entry["stacks"])
-        what += f", fatal warnings, {' '.join(entry['targets'])}"
+        rows = entry["stacks"]
+        done = [w for w, k in (("render", "renders"), ("build", "builds"), ("prove", "proves"))
+                if any(r[k] for r in rows)]
+        what = f"{len(rows)} PR stacks {', '.join(done) or 'judged'} alone (table below)"
     else:
         f = entry["figures"]
         worst = {m: max((v.get(m) or 0.0) for v in f["parity_worst_nmse"].values())
@@ -347,7 +392,8 @@ def verdict_line(report: dict, onto: str) -> str:
     stages = report["stages"]
     done = "builds and proves" if stages["proof"].get("ok") else "builds (no proof)"
     if stages["stacks"].get("ok"):
-        done += ", and each PR stack builds alone,"
+        done += ", and each PR stack renders" + (", builds" if any(r["builds"] for r in stages["stacks"]["stacks"])
+                                                 else "") + " alone"
     secs = f" ({report['seconds']:.1f} s)"
     if report["verdict"] == "failed":
         failure = report.get("failure") or {}
@@ -366,9 +412,29 @@ def summary_lines(report: dict, onto: str, path: Path) -> list[str]:
     to review (each probable merge, the tree-identity check), then where the report is."""
     out = [verdict_line(report, onto)]
     out += [stage_line(name, report["stages"][name]) for name in STAGES]
+    out += stacks_table(report)
     review = report["review"]
     out += probable_lines(review["probably_merged"])
     if review["tree_identity"] is not None:
         out += identity_lines(review["tree_identity"], show_not_run=report["verdict"] != "failed")
     out.append(f"report: {path}")
+    return out
+
+
+def stacks_table(report: dict) -> list[str]:
+    """The verdict table: a row per PR stack alone, then the whole series: renders, builds,
+    proves (ok, FAILED, or -- where not judged), and why a row failed."""
+    st = report["stages"]
+    rows = list(st["stacks"].get("stacks") or [])
+    if not rows:
+        return []
+    cell = {True: "ok", False: "FAILED", None: "--"}
+    series = {"stack": "(whole series)", "renders": st["anchor"].get("ok"), "builds": st["build"].get("ok"),
+              "proves": st["proof"].get("ok"), "message": (report.get("failure") or {}).get("message", "")
+              if report.get("stage") in ("anchor", "apply", "build", "proof") else ""}
+    out = [f"  {'stack':<24} {'renders':<8} {'builds':<8} proves"]
+    for r in rows + [series]:
+        why = f"  {r['message']}" if r.get("message") else ""
+        out.append(f"  {r['stack']:<24} {cell[r['renders']]:<8} {cell[r['builds']]:<8} {cell[r['proves']]:<8}{why}"
+                   .rstrip())
     return out

@@ -80,7 +80,12 @@ def pin_text(old: Pin, new: Pin, old_text: str) -> str:
     if sd is not None:
         out += [f'package = "{sd.package}"', f'version = "{sd.version}"',
                 f'filename = "{sd.filename}"', f'sha256 = "{sd.sha256}"', f"size = {sd.size}",
-                f'subdir = "{sd.subdir}"', f'tree = "{sd.tree}"', ""]
+                f'subdir = "{sd.subdir}"', f'tree = "{sd.tree}"']
+        if sd.packager_files:
+            out += ["# The files the packager's own patches change (blob ids in `tree`): a git fetch of the",
+                    "# tag may differ from `tree` there and nowhere else; the series touches none of them.",
+                    "packager_files = { " + ", ".join(f'"{p}" = "{b}"' for p, b in sd.packager_files) + " }"]
+        out.append("")
     elif old.sdist is not None:
         o = old.sdist
         out += [f"# No [sdist]: `llamacpp-mla-port rebase` moved the pin from {old.tag} "
