@@ -443,23 +443,11 @@ def check_tokenizer(ctx: Context) -> Iterable[Finding]:
                   f"eos {d.get('tokenizer.ggml.eos_token_id')}")
 
 
-CHECKS: list[tuple[str, Callable[[Context], Iterable[Finding]]]] = [
-    ("arch", check_arch),
-    ("loader_keys", check_loader_keys),
-    ("tensors", check_tensors),
-    ("shapes", check_shapes),
-    ("tensor_types", check_tensor_types),
-    ("mla_dims", check_mla_dims),
-    ("target_layers", check_target_layers),
-    ("block_size", check_block_size),
-    ("mask_token", check_mask_token),
-    ("rope", check_rope),
-    ("scales", check_scales),
-    ("embeddings", check_embeddings),
-    ("tied_head", check_tied_head),
-    ("tokenizer", check_tokenizer),
-    ("target", check_target),
-]
+#: the checks, in the order of the report
+CHECKS: tuple[Callable[[Context], Iterable[Finding]], ...] = (
+    check_arch, check_loader_keys, check_tensors, check_shapes, check_tensor_types, check_mla_dims,
+    check_target_layers, check_block_size, check_mask_token, check_rope, check_scales, check_embeddings,
+    check_tied_head, check_tokenizer, check_target)
 
 
 def run_checks(draft: GGUFHeader, target: GGUFHeader | None = None,
@@ -468,10 +456,7 @@ def run_checks(draft: GGUFHeader, target: GGUFHeader | None = None,
     if fix_hint:
         ctx.fix_hint = fix_hint
     detect(ctx)
-    findings: list[Finding] = []
-    for _name, fn in CHECKS:
-        findings.extend(fn(ctx))
-    return ctx, findings
+    return ctx, [f for check in CHECKS for f in check(ctx)]
 
 
 def exit_code(findings: list[Finding]) -> int:
