@@ -114,13 +114,15 @@ class Server:
             self.owned.stop()
             raise
 
-    def complete(self, prompt: str, n_predict: int) -> dict:
-        body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
-                           "seed": 1, "cache_prompt": False}).encode()
-        req = urllib.request.Request(f"http://{LOCALHOST}:{self.port}/completion", data=body,
+    def _post(self, path: str, body: dict, timeout: float) -> dict:
+        req = urllib.request.Request(f"http://{LOCALHOST}:{self.port}{path}", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.request_timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
+
+    def complete(self, prompt: str, n_predict: int) -> dict:
+        return self._post("/completion", {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
+                                          "seed": 1, "cache_prompt": False}, self.request_timeout)
 
     def complete_all(self, prompts, n_predict: int, parallel: int = 2) -> list[dict]:
         """Keep `parallel` requests in flight at once, so both slots decode together."""
@@ -152,11 +154,7 @@ class Server:
 
     def tokenize(self, text: str) -> list[int]:
         """The server's own token ids for text (no special tokens added)."""
-        body = json.dumps({"content": text}).encode()
-        req = urllib.request.Request(f"http://{LOCALHOST}:{self.port}/tokenize", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return [int(t) for t in json.loads(r.read())["tokens"]]
+        return [int(t) for t in self._post("/tokenize", {"content": text}, 60)["tokens"]]
 
     def close(self):
         self.owned.stop()

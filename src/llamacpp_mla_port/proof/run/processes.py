@@ -32,7 +32,7 @@ from typing import Sequence
 
 from llamacpp_mla_port.project import program
 from llamacpp_mla_port.errors import ProofError
-from llamacpp_mla_port.process import Popen, TimeoutExpired, descendants, kill_group, spawn
+from llamacpp_mla_port.process import TimeoutExpired, descendants, kill_group, spawn
 
 LOCALHOST = "127.0.0.1"
 
@@ -42,10 +42,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((LOCALHOST, 0))
         return s.getsockname()[1]
-
-
-def _kill_group(proc: Popen, sig: int) -> None:
-    kill_group(proc.pid, sig)
 
 
 class Owned:
@@ -95,51 +91,43 @@ class Owned:
         return None
 
     # ------------------------------------------------------------------ waits
-    def wait_port(self, port: int, seconds: float = 60, host: str = LOCALHOST) -> None:
-        """Until something accepts TCP connections on host:port; ProofError on exit or time-out."""
+    def _until(self, probe, seconds: float, before: str, not_within: str, pause: float):
+        """probe()'s first true answer, asked until `seconds` pass; ProofError when the process
+        exits first (`before`) or on time-out (`not_within`; the process is stopped)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
+            got = probe()
+            if got:
+                return got
             if not self.alive():
-                raise self._died(f"before listening on {host}:{port}")
-            try:
-                with socket.create_connection((host, port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.1)
+                raise self._died(before)
+            time.sleep(pause)
         self.stop()
-        raise ProofError(f"{self.name} did not listen on {host}:{port} within {seconds:g} s; "
-                         f"log {self.log_path}:\n{self.log_tail()}", hint=" ".join(self.cmd))
+        raise ProofError(f"{self.name}{not_within} within {seconds:g} s; log {self.log_path}:\n{self.log_tail()}",
+                         hint=" ".join(self.cmd))
+
+    def wait_port(self, port: int, seconds: float = 60, host: str = LOCALHOST) -> None:
+        """Until something accepts TCP connections on host:port; ProofError on exit or time-out."""
+        def listening() -> bool:
+            with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+                return True
+            return False
+        self._until(listening, seconds, f"before listening on {host}:{port}",
+                    f" did not listen on {host}:{port}", 0.1)
 
     def wait_http(self, url: str, seconds: float = 120) -> None:
         """Until GET url answers 200; ProofError on exit or time-out."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise self._died(f"before {url} answered")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except Exception:
-                time.sleep(0.2)
-        self.stop()
-        raise ProofError(f"{self.name}: {url} did not answer 200 within {seconds:g} s; log {self.log_path}:\n"
-                         f"{self.log_tail()}", hint=" ".join(self.cmd))
+        def answers() -> bool:
+            with contextlib.suppress(Exception), urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+            return False
+        self._until(answers, seconds, f"before {url} answered", f": {url} did not answer 200", 0.2)
 
     def wait_log(self, pattern: str, seconds: float = 60) -> re.Match:
         """Until its output matches the regex; ProofError when it exits first or on time-out."""
         regex = re.compile(pattern)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            m = regex.search(self.log_tail(1 << 20))
-            if m:
-                return m
-            if not self.alive():
-                raise self._died(f"before its output matched {pattern!r}")
-            time.sleep(0.05)
-        self.stop()
-        raise ProofError(f"{self.name}: output did not match {pattern!r} within {seconds:g} s; log {self.log_path}:\n"
-                         f"{self.log_tail()}", hint=" ".join(self.cmd))
+        return self._until(lambda: regex.search(self.log_tail(1 << 20)), seconds,
+                           f"before its output matched {pattern!r}", f": output did not match {pattern!r}", 0.05)
 
     def wait(self, seconds: float) -> int:
         """Its exit code, waiting at most `seconds` (then it is killed and ProofError raised)."""
@@ -153,20 +141,20 @@ class Owned:
     # ------------------------------------------------------------------ stop
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to the whole group now, without waiting: a crash, for fault tests."""
-        _kill_group(self.proc, sig)
+        kill_group(self.proc.pid, sig)
 
     def stop(self, grace: float = 10) -> int | None:
         """SIGTERM the group, wait up to `grace` s, then SIGKILL it and every descendant (those
         `process.run` started sit in sessions of their own); the exit code. Idempotent."""
         tree = descendants(self.proc.pid) if self.alive() else []
         if self.alive():
-            _kill_group(self.proc, signal.SIGTERM)
+            kill_group(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=grace)
             except TimeoutExpired:
                 pass
         # the leader may be gone while children of its group, or of their own sessions, still run
-        _kill_group(self.proc, signal.SIGKILL)
+        kill_group(self.proc.pid, signal.SIGKILL)
         for pid in tree:
             kill_group(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError, PermissionError):
