@@ -105,6 +105,12 @@ def shared(parser, name: str, **own) -> argparse.Action:
     return action
 
 
+def log(msg: str) -> None:
+    """A progress line on stderr (stdout is the verb's result)."""
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
 def old_spelling(parser, old: str, new: str, **spec) -> argparse.Action:
     """`old`, hidden from --help, read as `new` (`spec`: its dest, type, action), with a warning
     naming `new` the first time a parse meets it: in other verbs `old` means something else."""

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from llamacpp_mla_port import process
-from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args, old_spelling, shared
+from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args, log, old_spelling, shared
 
 
 def configure(parser) -> None:
@@ -42,11 +42,6 @@ def configure(parser) -> None:
            + " (default: " + ",".join(DEFAULT_STAGES) + ")")
 
 
-def _log(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
-
-
 def run(args, places) -> int:
     from llamacpp_mla_port.device import bundle as device
     from llamacpp_mla_port.device.check import run_check
@@ -67,7 +62,7 @@ def run(args, places) -> int:
     tree, build = places.build.require_tree().tree, places.build.dir
     folder = args.bundle or places.device_bundle
     manifest = device.prepare_bundle(tree, build, folder, places.templates_dir, places.patches_dir, repo_root=root,
-                                     n_prompts=args.prompts, log=_log)
+                                     n_prompts=args.prompts, log=log)
     sys.stdout.write((folder / "README.md").read_text())
     sys.stdout.write(f"\nbundle {folder}: {manifest['bundle_bytes']:,} B; with the checkout's travelling files "
                      f"{manifest['carried_total_bytes']:,} B of {manifest['carry_limit_bytes']:,}\n")

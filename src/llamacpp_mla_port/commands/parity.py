@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args, shared
+from llamacpp_mla_port.commands.common import add_scratch_arg, add_tree_args, log, shared
 from llamacpp_mla_port.proof.parity import format_mode_table, run_matrix
 
 
@@ -27,15 +27,10 @@ def configure(parser) -> None:
     shared(parser, "--json", help="print the mode table as JSON instead of text")
 
 
-def _log(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
-
-
 def run(args, places) -> int:
     tree, build = places.build.require_tree().tree, places.build.dir
     work = args.scratch_dir or Path(tempfile.mkdtemp(prefix="mla-port-parity-"))
-    result = run_matrix(tree.resolve(), build.resolve(), work.resolve(), threads=args.threads, log=_log)
+    result = run_matrix(tree.resolve(), build.resolve(), work.resolve(), threads=args.threads, log=log)
     table = result.report["modes"]
     if args.json:
         sys.stdout.write(json.dumps({"build": str(build), "system_info": result.report.get("system_info"),
