@@ -516,6 +516,20 @@ def test_an_sdist_tree_is_downloaded_checked_imported_and_cached(index, tmp_path
     assert again.base == got.base and again.subdir == "llama.cpp"
 
 
+def test_the_newest_build_a_source_shows_counts_pypi_releases_and_names_an_unreached_package(index, tmp_path):
+    """How far behind the pin is: the highest build of the table's rows and of what PyPI lists for
+    each ruled package (a package PyPI has no page for is named, not fatal)."""
+    for version in ("20001.0.0", "20007.0.0"):
+        index.publish("llama-cpp-fixture", version, b"x")
+    index.publish("llama-cpp-fixture", "not-a-build", b"x")
+    templates = tmp_path / "templates"
+    _table(templates, [{"tag": "b20005", "build": 20005, "package": "llama-cpp-fixture", "version": "20005.0.0",
+                        "filename": "f.tar.gz", "sha256": "0" * 64, "size": 1, "subdir": "llama.cpp",
+                        "tree": "1" * 40}], RULES + '[packages.gone]\nbuild_number = "version-last"\n')
+    assert newer_mod.newest_published(templates) == {"build": 20007, "from": "llama-cpp-fixture==20007.0.0 (PyPI)",
+                                                     "unreached": ["gone"]}
+
+
 def test_a_bad_download_is_refused_and_removed(index, tmp_path, fresh_cache):
     data = _tarball(_llama_files("llama.cpp/"), "llama_cpp_fixture-20002.0.0")
     entry = index.publish("llama-cpp-fixture", "20002.0.0", data)

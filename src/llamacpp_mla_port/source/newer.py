@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamacpp_mla_port.errors import PinError
+from llamacpp_mla_port.errors import PinError, PortError
 from llamacpp_mla_port.source.pin import Sdist, packager_files
 
 FILE = "upstreams.toml"
@@ -104,6 +104,25 @@ def newest(templates_dir: Path) -> NewerTree:
         raise PinError(f"{_path(templates_dir)} lists no newer upstream tree",
                        "add a [[tree]] row, or pass --onto NAME==VERSION / a commit / a folder")
     return max(rows, key=lambda r: r.build or -1)
+
+
+def newest_published(templates_dir: Path) -> dict:
+    """How far the newest known tree is: the highest build number of the table's rows and of the
+    releases PyPI lists for each package with a build rule (a package PyPI does not answer for
+    is named in "unreached"), with the release that shows it."""
+    from llamacpp_mla_port.source.obtain import pypi_releases
+    rules, rows = load(templates_dir)
+    seen = [(r.build, f"{r.spec} (recorded)") for r in rows if r.build is not None]
+    unreached = []
+    for package, rule in sorted(rules.items()):
+        try:
+            versions = list(pypi_releases(package))
+        except PortError:
+            unreached.append(package)
+            continue
+        seen += [(b, f"{package}=={v} (PyPI)") for v in versions if (b := _build_by_rule(rule, v)) is not None]
+    build, where = max(seen, default=(None, None))
+    return {"build": build, "from": where, "unreached": unreached}
 
 
 def nothing_newer(pin_tag: str, templates_dir: Path) -> str | None:

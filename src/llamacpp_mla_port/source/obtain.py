@@ -243,12 +243,8 @@ def _open_url(url: str):
         url, headers={"User-Agent": "llamacpp-mla-port"}), timeout=_URL_TIMEOUT)
 
 
-def pypi_sdist_file(package: str, version: str, filename: str | None = None) -> tuple[str, str, int]:
-    """(download URL, sha256, size) of a release's sdist, from PyPI's JSON API.
-
-    The sdist is fetched by URL, not with `pip download`: pip would build the package's
-    metadata first, which for a llama.cpp wrapper means installing its build backend.
-    """
+def pypi_releases(package: str) -> dict:
+    """{version: [file entries]} of a project, from PyPI's JSON API."""
     url = pypi_json_url(package)
     try:
         with _open_url(url) as resp:
@@ -263,7 +259,16 @@ def pypi_sdist_file(package: str, version: str, filename: str | None = None) -> 
         raise NetworkError(f"cannot reach {url}: {err}",
                            "check that PyPI is reachable, or download the sdist elsewhere and "
                            "pass --sdist-file PATH") from None
-    releases = data.get("releases", {})
+    return data.get("releases", {})
+
+
+def pypi_sdist_file(package: str, version: str, filename: str | None = None) -> tuple[str, str, int]:
+    """(download URL, sha256, size) of a release's sdist, from PyPI's JSON API.
+
+    The sdist is fetched by URL, not with `pip download`: pip would build the package's
+    metadata first, which for a llama.cpp wrapper means installing its build backend.
+    """
+    releases = pypi_releases(package)
     if version not in releases:
         raise ObtainError(f"PyPI has no release {package}=={version}",
                           "check the version (`pip index versions NAME`)")
@@ -275,7 +280,7 @@ def pypi_sdist_file(package: str, version: str, filename: str | None = None) -> 
                           "name a release that publishes exactly one source tarball")
     f = files[0]
     # PyPI (and mirrors) may give the file URL relative to the JSON document
-    return (urllib.parse.urljoin(url, f["url"]), f.get("digests", {}).get("sha256", ""),
+    return (urllib.parse.urljoin(pypi_json_url(package), f["url"]), f.get("digests", {}).get("sha256", ""),
             int(f.get("size") or 0))
 
 

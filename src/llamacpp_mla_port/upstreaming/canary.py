@@ -45,6 +45,7 @@ from llamacpp_mla_port.errors import PatchApplyError, PortError, ProcessError, S
 from llamacpp_mla_port.series import gitseries as series_mod, stacks as stacks_mod
 from llamacpp_mla_port.series.spec import load_series
 from llamacpp_mla_port.series.worktree import Workspace, apply_series
+from llamacpp_mla_port.source import newer as newer_mod
 from llamacpp_mla_port.source.obtain import cache_repo
 from llamacpp_mla_port.stages import StageFailed, Stages
 from llamacpp_mla_port.source.pin import load_pin
@@ -149,7 +150,7 @@ def _obtain(opts: CanaryOptions, pin, state: dict, log) -> dict:
                      "source": target.base.source, "tree": target.base.tree, "build": target.build,
                      "origin": target.origin}
     out = {"label": target.label, "build": target.build, "source": target.base.source,
-           "tree": target.base.tree}
+           "tree": target.base.tree, "pin": pin.tag, "newest": newer_mod.newest_published(opts.places.templates_dir)}
     if "sha256" in target.origin:
         out["sha256"] = target.origin["sha256"]
     return out
@@ -199,7 +200,7 @@ def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
     except PatchApplyError as err:
         d = err.details
         raise StageFailed({"message": f"`git am -3` rejected {d.get('patch', 'a patch')}"
-                                       + (f" at {d['file']}:{d['line']}" if "file" in d and "line" in d else ""),
+                                      + (f" at {d['file']}:{d['line']}" if "file" in d and "line" in d else ""),
                            "patch": d.get("patch"), "subject": d.get("subject"), "file": d.get("file"),
                            "line": d.get("line"), "hunk": d.get("hunk"), "output": d.get("output")})
     except SeriesError as err:
@@ -348,6 +349,9 @@ def stage_line(name: str, entry: dict) -> str:
         what += f", build {entry['build']}" if entry.get("build") is not None else ""
         what += f", sha256 {entry['sha256'][:16]}..." if entry.get("sha256") else ""
         what += ")"
+        newest = entry.get("newest") or {}
+        if newest.get("build") is not None:
+            what += f"; pin {entry['pin']}, newest build a source shows b{newest['build']} ({newest['from']})"
     elif name == "anchor":
         what = f"{entry['found']}/{entry['changes']} changes found ({entry['moved']} moved)"
         if entry.get("stacks"):
