@@ -1,35 +1,13 @@
-"""The GPU check (`make device-check`): prepared here, run on a device machine (docs/device-check.md).
+"""The GPU check (`make device-check`): prepared here, run on a device machine.
 
-A device machine has no network, 64 MiB of carried files and 15 minutes of device time, so
-the check is made in two halves.
-
-PREPARE (this machine, `prepare_bundle`): one self-contained folder, work/device-bundle/
-(ignored by git, carried as it is):
-  llama.cpp.tar.gz   a pruned copy of the patched tree: what CMake needs to configure and
-                     build the check's targets (no .git, docs, models, other GPU backends,
-                     the web UI's sources)
-  variants/          the base's and three CPU stacks' versions of the files they change
-                     (device.variants): the host CPU stages build them on the device
-  overlay/broadcast/ dflash.cpp with v_b as a 4-D broadcast matvec (the vb-forms stage only)
-  wheels/            the Python packages the device lacks (gguf)
-  src/               this project's package (the driver, the reference, the generators)
-  fixtures/          the tiny fixtures made with the pinned converter (its transformers pin is
-                     not on the device): the Kimi-K3 target, the parity drafts, the lossless drafts
-  run.sh             the driver; MANIFEST.json the sizes; README.md the calls to make
-
-RUN (the device, or this machine with CUDA off: DRY_RUN=1; device.check.run_check), offline,
-inside a time budget, writing report.json and report.md under $OUT (device) or
-work/device-check/ (dry run) after every stage. STAGES, in order (DEFAULT_STAGES run unless
---stages / MLA_STAGES names others):
-  build     the pruned tree with CUDA (native architecture), only the chosen stages' targets
-  fallback  the scheduler's splits of a 512 + 64 latent draft's graphs: no node on the CPU
-  archs     the series' DFlash cases of test-llama-archs (CUDA against the CPU)
-  parity    like with like (device.crossparity, device.judge), then the host CPU against float64
-  realsize  the real-size block against the HBM floor, and where its time goes (device.profile)
-  host      lscpu, AMX, the #18099 reproducer on CPU builds of the base and loader-probe (device.host)
-  threads   llama-bench rows of the CPU stacks at 16, 8, 4 and 1 threads (device.host)
-  vb-forms  the other v_b form, built, proven and timed (answered on 2026-12-04)
-  lossless  speculative decoding with -ngl 99 -ngld 99 (answered on 2026-12-04)
+A device machine has no network, 64 MiB of carried files and 15 minutes of device time, so the
+check is made in two halves. PREPARE (this machine, `prepare_bundle`): one self-contained
+folder, work/device-bundle/ (ignored by git, carried as it is): the pruned patched tree, the CPU
+variants, the v_b overlay, the wheels the device lacks, this package, the fixtures made with the
+pinned converter, and the driver run.sh. RUN (the device, or this machine with CUDA off:
+DRY_RUN=1; device.check.run_check): the STAGES offline inside a time budget, writing report.json
+and report.md after every stage. What each part and stage is: docs/device-check.md ("Prepare:
+the bundle", "Run: the stages").
 """
 
 from __future__ import annotations

@@ -3,10 +3,6 @@ in order through the one stage runner inside the time budget, the report saved a
 stage (a run stopped by its time limit still leaves one), and the background processes it owns:
 the model writer (device.models) and the CPU variants' builder (device.variants, lowest
 priority), both paused while a stage times something (`CheckRun.quiet`).
-
-The stage functions (NAME_stage(run) -> bool) live beside it: backend (build, fallback, archs,
-lossless), crossparity (parity), block (realsize, vb-forms), host (host, threads);
-bundle.STAGES lists them in order.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Parity on another backend, like with like (the device check's `parity` stage; judge.py has
-the rule). Per parity shape, mode and case (proof.parity's):
-
-  the draft          draft-logits on the CPU and on the device, the same features and block
-  deepseek2's MLA    model-logits on a deepseek2 model with the draft's geometry
-                     (fixtures.deepseek2_twin), the same mode, n_ctx + block tokens from the
-                     case's position, the block's logits, on the CPU and on the device
-  gross controls     drafts with a known mistake (CONTROLS), on the device, against the right
-                     draft's CPU logits (the first case of each shape and mode)
-
-The figure is the NMSE of device against CPU logits: the Markov-biased logits up to the first
-position where the chains differ (later rows are conditioned on another token), and the base
-logits (the device's hidden state through the target's lm_head in float64). Every device run
-keeps the scheduler's splits (GGML_SCHED_DEBUG=2): a node that ran on the CPU is listed.
-
-`devices=None` runs the "device" side on the CPU too (the dry run): both sides are then the
-same backend, and every deviation is exactly 0.
+the rule): per parity shape, mode and case (proof.parity's) the draft on the CPU and on the
+device, deepseek2's MLA at the draft's geometry (fixtures.deepseek2_twin) the same, and gross
+controls (CONTROLS) on the device; docs/device-check.md ("Parity like with like").
+`devices=None` runs the "device" side on the CPU too (the dry run): every deviation is then 0.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """The device host's CPU, in the same visit: what it is (lscpu, the ISA flags, AMX), the
-upstream #18099 reproducer where AMX is, and llama-bench rows of the CPU stacks above 2 threads.
-
-#18099 (the loader-probe stack): on an AMX CPU with default settings, an MLA model whose k_b is
-in a type AMX takes aborts at context creation with GGML_ASSERT(*cur_backend_id != -1). The
-reproducer runs llama-bench (a DeepSeek-V2-Lite-shaped Q8_0 model with random weights) on the
-base and on the base + the stack, built alike (device.variants): default settings on each with
-llama.cpp's log (the base must abort with that assert, the branch load with an AMX buffer and
-generate), then `-p 512 -n 128` before (the base runs only with --repack 0) and after (the
-branch with --repack 0 and 1; the base runs again after the branch, its figure the mean).
-
-Thread rows: llama-bench of each CPU stack's bench table (port.toml) against the base, at
-THREADS (most threads first: the figures no 2-core machine gives), ABBA rounds, prompts trimmed
-to fit the device's time (THREAD_PROMPTS); every row goes into one JSON-lines file labelled by
-side, which scripts/compare-llama-bench.py reads (-i FILE -b base -c STACK). A row group the
-time left cannot fit is listed as dropped.
+upstream #18099 reproducer (the loader-probe stack) on CPU builds of the base and the branch
+(device.variants), and llama-bench rows of the CPU stacks' bench tables against the base at
+THREADS, ABBA, prompts trimmed to THREAD_PROMPTS, into one JSON-lines file for
+scripts/compare-llama-bench.py. docs/device-check.md ("The host CPU").
 """
 
 from __future__ import annotations

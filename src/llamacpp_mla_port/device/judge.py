@@ -1,14 +1,7 @@
-"""Verdicts of the device check's parity stage.
-
-The CPU (the device host's own) is judged as everywhere else: each mode against float64 with
-the bounds of docs/bounds.md (`judge_cpu_parity`, proof.parity's report in).
-
-A GPU is judged like with like (`judge_like`): per mode, the draft's GPU logits against its
-own CPU logits, bounded by LIKE_MARGIN x what the same mode does between the same GPU and the
-CPU to deepseek2's MLA at the draft's geometry (fixtures.deepseek2_twin), measured in the same
-run. Gross controls (drafts with a known mistake, run on the GPU, against the right draft's
-CPU logits) must each land GROSS_MARGIN x above the draft's deviation and fail the bound. A
-bound is never widened to pass: a mode whose draft deviates more than that is FAIL.
+"""Verdicts of the device check's parity stage: the host CPU against float64 with the bounds
+of docs/bounds.md (`judge_cpu_parity`), a GPU like with like, bounded by LIKE_MARGIN x what
+the same mode does to deepseek2's MLA, its gross controls GROSS_MARGIN x above (`judge_like`).
+The rule: docs/device-check.md ("Parity like with like"). A bound is never widened to pass.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Where the real-size block's time goes, per part of the draft, each part against its own floor.
-
-draft-bench's per-node profile (an eval callback that observes every node: the scheduler then
-computes and synchronises node by node) grouped as the CPU profile in docs/bench.md is read:
-the lm_head, the FFN, the attention (norms, q/kv projections, k_b absorption, rope, cache
-write, flash attention, v_b, attn_output), the Markov and confidence heads, and the rest
-(token lookup, residual adds, final norm). Each group's floor is the bytes it must read (its
-weights in the files' types; the attention also the cache rows) over the copy bandwidth
-measured in the same run; the groups' bytes add up to bench.floors.block_work's.
-
-Each node's time includes one synchronisation and the callback: their cost per node is read off
-the nodes that compute nothing (views, reshapes, permutes), and each group is also given net of it.
+"""Where the real-size block's time goes, per part of the draft (GROUPS), each part against its
+own floor: the bytes it reads over the copy bandwidth of the same run (the groups' bytes add up
+to bench.floors.block_work's), and its time net of one synchronisation per node (the median of
+the nodes that compute nothing). docs/device-check.md ("Where the block's time goes").
 """
 
 from __future__ import annotations
