@@ -1,12 +1,5 @@
 """The flags of more than one verb, each declared once here: where llama.cpp comes from, the
 places (project.Places), the proof's settings, and every other flag two verbs share.
-
-    shared(parser, "--jobs")                 a flag of SHARED, with this verb's help or default
-    add_tree_args / add_scratch_arg          the places (--work-dir, --tree, --build-dir, --scratch-dir)
-    add_source_args / options                where the base comes from, and the pipeline's Options
-    add_proof_args / proof_settings          the proof's settings (smoke, rebase --prove)
-    parse_proof_args                         the same settings as `pr --smoke-arg` passes them
-
 One spelling has one meaning in every verb: `--target` is a GGUF file; a CMake target is
 `--cmake-target`. A renamed flag keeps its old spelling, hidden from --help (`old` in SHARED);
 where that spelling means something else in other verbs, `old_spelling` warns once.

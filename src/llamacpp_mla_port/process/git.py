@@ -5,14 +5,6 @@ be byte-reproducible, so every command runs with the user's global and system co
 off and the few settings that shape output pinned here. Every command is one `process.run`:
 a time-out always (TIMEOUT_S, NETWORK_TIMEOUT_S for a fetch from a URL), the whole process
 group killed past it, and one error type, ProcessError (its message names git's last line).
-
-    Repo(path)                     a repository by its folders: git_dir, working_tree_dir
-    run(repo, *args, env=, timeout=, input=, text=)   stdout (one trailing newline dropped)
-    read_blob(repo, rev, path)     a file's bytes at rev, or None
-    file_modes(repo, rev, paths)   the modes of those paths that exist at rev
-    store_blobs(repo, blobs)       write blob objects, their ids (store_blob: one)
-    archive(repo, rev)             `git archive` of rev, as tar bytes
-
 GitPython is not used here: it starts `git version` when imported and keeps `git cat-file`
 processes running with no time bound.
 """

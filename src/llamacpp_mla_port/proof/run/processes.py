@@ -4,17 +4,6 @@ Every process gets its own session (process group), so stopping it stops whateve
 spawned too; every wait is bounded; `stop()` is idempotent and always ends with SIGKILL
 of the group when SIGTERM was not enough. Use an `Owned` as a context manager (or call
 `stop()` in a `finally`) so nothing outlives the run that started it, passing or failing.
-
-    free_port()                  a free TCP port on 127.0.0.1 (found at run time)
-    Owned(cmd, log_path)         start cmd in its own process group, output to a log file
-      .wait_port(seconds)        bounded wait until it listens on its port (or exits)
-      .wait_http(url, seconds)   bounded wait until GET url answers 200 (or it exits)
-      .wait_log(regex, seconds)  bounded wait until its output matches (e.g. a run got going)
-      .kill()                    SIGKILL the group now (a crash, in fault tests); stop() reaps
-      .stop()                    SIGTERM, bounded wait, SIGKILL of the whole group
-    RpcServer(build, log_path)   llama.cpp's ggml-rpc-server on a free port, listening, own -t
-      Owned.peak_rss_bytes()     a live process's peak RSS so far (Linux VmHWM)
-
 A one-shot run goes through the process funnel itself: llamacpp_mla_port.process.run.
 """
 

@@ -121,4 +121,4 @@ def run_with_default_bufts(argv: list, timeout: float):
         died = f"signal {-proc.returncode}"
     argv = [*argv, NO_EXTRA_BUFTS]
     return run(argv, timeout=timeout), argv, (f"default buffer types died of {died}; measured with extra "
-                                                 "buffer types off (llama.cpp's --no-repack)")
+                                              "buffer types off (llama.cpp's --no-repack)")
