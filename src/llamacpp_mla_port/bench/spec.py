@@ -1,9 +1,5 @@
-"""Speculative runs read through llama.cpp's own statistics line (llama-speculative-simple -lv 4).
-
-  run_speculative(...)   greedy llama-speculative-simple over prompts: steps, drafted and accepted
-                         tokens, the acceptance per draft position, the draft's own clock
-  tiny_spec_pair(...)    the tiny pair of the lossless proof (bigram draft, partly accepted)
-  spec (stage)           `make bench`'s speculative step split on that pair
+"""Speculative runs read through llama.cpp's own statistics line (llama-speculative-simple -lv 4),
+and `make bench`'s spec stage: the speculative step split on the tiny pair of the lossless proof.
 
 common_speculative counts, per accept call, how many leading draft positions were accepted:
 its "#acc rate/pos" value i is the share of steps whose first i + 1 drafted tokens were all

@@ -8,10 +8,6 @@ rollback of what was rejected), and yields E(k) tokens on average (acceptance.Cu
 
 where T(1) is the target alone, one token. Break-even: the tokens per step that make the speedup
 1, and the one conditional per-position acceptance that gives them. Greedy, one sequence.
-
-    table(costs, curves) -> dict      rows per k, the best k per curve, the break-even
-    render(tab) -> list[str]          markdown lines
-    plot(tab, path) -> Path
 """
 
 from __future__ import annotations
@@ -51,6 +47,7 @@ class StepCosts:
 
 
 def table(costs: StepCosts, curves: list[Curve]) -> dict:
+    """Rows per k, the best k per curve, the break-even."""
     ks = [k for k in range(1, K_MAX + 1) if k in costs.block and k + 1 in costs.verify]
     rows = []
     for k in ks:

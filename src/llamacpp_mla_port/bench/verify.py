@@ -5,11 +5,6 @@ side by side: the target alone (no rollback snapshots) and the target as common_
 configures it for a draft of length max(N) - 1 (n_rs_seq snapshots, the draft's taps extracted),
 each speculative pass followed by the rollback of a fully rejected block; and, untimed, the
 router's choices (distinct experts per MoE layer and step).
-
-    run_verify_bench(exe, target, out, ...) -> (dict, argv)   one process (again with extra
-        buffer types off where it dies of a signal; the result's `note` says so)
-    summarize(results) -> VerifyCost                          medians over the processes' runs
-    expert_bounds(n_expert, n_used, n) -> (identical, independent)
 """
 
 from __future__ import annotations
@@ -29,6 +24,8 @@ def run_verify_bench(exe: Path, target: Path, out: Path, threads: int, depth: in
                      n_values=VERIFY_N, draft: Path | None = None, text: Path | None = None,
                      expert_blocks: int = 8, state_dir: Path | None = None, timeout: float = 3600,
                      extra: tuple = ()) -> tuple[dict, list]:
+    """One process: (its result, its argv), again with extra buffer types off where it dies of a
+    signal (the result's `note` says so)."""
     argv = [exe, "--target", target, "--out", out, "--threads", threads, "--depth", depth, "--rounds", rounds,
             "--n", ",".join(map(str, n_values)), "--expert-blocks", expert_blocks, *extra]
     if draft is not None:

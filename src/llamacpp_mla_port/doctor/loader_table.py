@@ -7,10 +7,6 @@ package, read by the doctor's checks at run time: the doctor needs no llama.cpp 
 golden-file test regenerates the table from the current patched tree and fails on any
 drift, the way gguf-py's constants follow llama-arch.cpp.
 
-    generate(tree) -> dict      the table of a patched llama.cpp tree
-    load() -> dict              the shipped table
-    render(table) -> str        its canonical JSON text (what is shipped)
-
 What is read, and from where:
   keys       every `ml.get_key` / `get_arr` / `get_key_or_arr` of the generic hyperparameter
              loader (src/llama-model.cpp llama_model_base::load_hparams), the DFlash loader
@@ -420,6 +416,7 @@ def generate(tree: Path) -> dict[str, Any]:
 
 
 def render(table: dict[str, Any]) -> str:
+    """Its canonical JSON text (what is shipped)."""
     return json.dumps(table, indent=1, sort_keys=False) + "\n"
 
 

@@ -1,11 +1,5 @@
 """The pair over llama.cpp's RPC backend: the target split across ggml-rpc-servers, the draft
 on this host or on a server, and where each model's layers landed (read from a -v log).
-
-    target_split_args(endpoints)   --rpc, and the target's layers over every server's device
-    draft_args(where, n_servers)   "local": the draft's layers on this host; "remote": on the
-                                   last server's device
-    placement(log)                 {"target": {device: n_layers}, "draft": {...}}
-
 The servers themselves are processes.RpcServer (one per host in a real deployment).
 """
 
