@@ -1,10 +1,6 @@
-"""`make bench`'s first stages: the real-size pair, the floors, the draft's KV cache.
-
-  models   the real-size pair (proof.realsize): target and draft in BF16, both quantized to
-           Q8_0 by llama-quantize; the BF16 draft's checkpoint is kept for the PyTorch path
-  floors   ggml-floor: read bandwidth and ggml's MUL_MAT rate per weight type and K
-  kv       llama.cpp's own draft KV bytes per token (F32, F16, q8_0 cache) and the draft
-           logits' NMSE of the F16 and q8_0 caches against the F32 cache (draft-logits)
+"""`make bench`'s first stages: the real-size pair (models: proof.realsize's, BF16, both files
+quantized to Q8_0 by llama-quantize), the floors and the draft's KV cache (kv); bench.run says
+what each measures.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""`make bench`'s timed stages of the real-size draft, each against its floor.
-
-  passes   draft-bench: injection of N = 1, 64, 512 rows and one 7-token block over 512
-           cached rows, BF16 and Q8_0 pairs, each run after a bandwidth read (the paired
-           ratio), with per-op profiles of the block and the 1- and 512-row injections
-  sweep    ggml-cpu's MUL_MAT over N = 1-8, 12, 16, 17, 32, 64 at the draft's largest
-           shapes (BF16, Q8_0) against each product's floor (bench.sweep)
-  torch    the same block through bench.torch_draft (BF16, same threads, same inputs),
-           and its logits against llama.cpp's
+"""`make bench`'s timed stages of the real-size draft, each against its floor: passes, sweep
+and torch (bench.run says what each measures).
 
 `run_draft_bench` is draft-bench's one driver (the passes here, the draft's cost per block
 length in bench.draft_length); `summarize_profile` reads its per-node profile.
