@@ -52,11 +52,7 @@ def geometric(name: str, source: str, accepted_per_step: float) -> Curve:
 def _atom() -> Curve:
     # 3.8 drafted tokens accepted of 7, positions 5-7 adding almost nothing: 0.1 there
     # (0.05, 0.03, 0.02), the other 3.7 from positions 1-4 at one rate
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sum(mid ** i for i in range(1, 5)) < 3.7 else (lo, mid)
-    a = (lo + hi) / 2
+    a = geometric_rate(3.7, 4)
     cum = tuple(round(a ** i, 4) for i in range(1, 5)) + (0.05, 0.03, 0.02)
     return Curve("ATOM", "ROCm ATOM: about 3.8 of 7 drafted tokens accepted per step, the last three positions "
                  "adding almost nothing (read: 3.7 from positions 1-4 at one rate, 0.1 from 5-7)", cum)
