@@ -259,26 +259,6 @@ def run_doctor(path: Path, target: Path | None) -> tuple[int, list[tuple[str, st
 # ---------------------------------------------------------------------------------------
 # the comparison
 
-#: The aborts of llama.cpp outside the DFlash/DSpark code that mutants still reach (message
-#: pattern -> where and why); the doctor refuses all of these files. A new abort, or any hang,
-#: fails the test: the DFlash loader and the pairing refuse cleanly.
-UPSTREAM_ABORTS: dict[str, str] = {
-    r".*GGML_ASSERT\(hparams\.n_layer_all > 0 && hparams\.n_layer_all <= LLAMA_MAX_LAYERS\).*":
-        "generic loader (llama_model_base::load_hparams): block_count 0 or above LLAMA_MAX_LAYERS",
-    r".*GGML_ASSERT\(hparams\.rope_scaling_type_train != LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED\).*":
-        "generic loader: a rope.scaling.type it does not know",
-    r".*binary_op: unsupported types: dst: f32, src0: f32, src1: f16.*":
-        "CPU backend: a norm weight stored as F16 (converters write them F32)",
-    r".*GGML_ASSERT\(\*cur_backend_id != -1\).*": "see KNOWN_LOADER_DEFECTS (AMX extra buffer type)",
-}
-
-
-def upstream_abort(result: LoaderResult) -> str | None:
-    if result.verdict != "abort":
-        return None
-    return next((why for pat, why in UPSTREAM_ABORTS.items() if re.fullmatch(pat, result.message)), None)
-
-
 def known_defect(mutant: Mutant) -> str | None:
     return next((why for pat, why in KNOWN_LOADER_DEFECTS.items() if re.fullmatch(pat, mutant.id)), None)
 
@@ -302,20 +282,6 @@ def compare(outcomes: Iterable[Outcome], deliberate: dict[str, tuple[str, str]] 
                 unexpected.append(o)
     return {"agree": agree, "violations": violations, "deliberate": deliberate_seen, "unexpected": unexpected,
             "loader_defects": defects}
-
-
-def base_drafts(target: Path, work: Path) -> dict[str, Path]:
-    """The two loadable drafts the mutants derive from. Their dimensions avoid the loader's
-    fallbacks (n_embd / n_head differs from every head width), so a deleted key shows."""
-    from llamacpp_mla_port.fixtures.draft_gguf import write_mla_draft_gguf, write_qwen3_draft_gguf
-
-    work = Path(work)
-    return {
-        "mla": write_mla_draft_gguf(work / "base-mla.gguf", target, seed=1,
-                                    config={"kv_lora_rank": 96, "q_lora_rank": 32, "intermediate_size": 64}),
-        "qwen3": write_qwen3_draft_gguf(work / "base-qwen3.gguf", target, seed=1,
-                                        config={"intermediate_size": 64, "head_dim": 16}),
-    }
 
 
 def differential(load_check: Path, target: Path, bases: dict[str, Path], work: Path, threads: int = 1,
