@@ -153,8 +153,9 @@ def check_target(ctx: Context) -> Iterable[Finding]:
         if all(isinstance(i, int) and 0 <= i < t_layers for i in ids):     # check_target_layers' range
             note = (" The unpatched kimi-k3 graph never records layer inputs (defect 5): "
                     "needs this port." if tarch == "kimi-k3" else "")
+            outputs = [i - 1 if i else "token_embd" for i in ids]
             yield Finding("target_taps", OK, f"taps {ids} exist in the {t_layers}-layer target",
-                          f"inputs of target layers {ids} = outputs of {[i - 1 if i else 'token_embd' for i in ids]}.{note}")
+                          f"inputs of target layers {ids} = outputs of {outputs}.{note}")
         # the out-of-range case is reported by check_target_layers
     yield from _embedding_distance(ctx)
 

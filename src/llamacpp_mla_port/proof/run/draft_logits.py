@@ -96,7 +96,8 @@ def run_draft_logits(binary: Path, draft: Path, target: Path, features: np.ndarr
     proc = process.run(cmd, timeout=timeout, env=env)
     if proc.returncode != 0:
         errors = "\n  ".join(dict.fromkeys(    # the program's error and the loader's reason, once (the log repeats)
-            ln for ln in proc.stderr.splitlines() if ln.startswith("draft-logits: error:") or ": error loading model:" in ln))
+            ln for ln in proc.stderr.splitlines()
+            if ln.startswith("draft-logits: error:") or ": error loading model:" in ln))
         raise ProofError(f"draft-logits failed (exit {proc.returncode}): {errors or proc.stderr[-3000:]}",
                          hint=f"rerun with --verbose: {' '.join(cmd)} --verbose")
     return load_outputs(out_dir)
