@@ -29,10 +29,16 @@ def _splits(path: str, added: list[str]) -> list[str]:
     ("conversion/a.py",
      ["    # standalone draft export options; set by main() before instantiation for",
       "    # classes that opt in", "    x = 1"],
-     ["    # standalone draft export options:", "    # main() sets them before instantiation", "    x = 1"]),
+     ["    # standalone draft export options.", "    # main() sets them before instantiation", "    x = 1"]),
     ("src/a.h",
      ["/* one clause that goes on", " * and ends here */", "int x;"],
-     ["/* one clause that ends here;", " * another one */", "int x;"]),
+     ["/* one clause that ends here.", " * another one */", "int x;"]),
+    ("src/a.cpp",       # a split at a colon or a semicolon is a split too (the 2026-12-06 review)
+     ["// the draft's logits, fed as speculative.cpp feeds them:", "// DFlash decodes them", "int x;"],
+     ["// the draft's logits, fed as speculative.cpp feeds them.", "// DFlash decodes them", "int x;"]),
+    ("src/b.cpp",
+     ["// 0 = forever;", "// established connections have no time-out", "int x;"],
+     ["// 0 = forever (a colon or semicolon inside a line: fine; as here).", "// The end", "int x;"]),
 ])
 def test_a_comment_split_mid_sentence_is_found_and_a_whole_one_is_not(path, split, whole):
     assert _splits(path, split) == [f"{path}:2"]
@@ -54,5 +60,5 @@ def test_the_split_finding_names_the_line_and_the_fix():
     found = [f for f in style.patch_findings(_patch("src/a.cpp", ["// one clause that", "// goes on", "int x;"]))
              if f.rule == "split"]
     assert len(found) == 1
-    assert str(found[0]) == ("src/a.cpp:2: split: comment split mid-sentence (end the line with . : ; ! or ?, "
+    assert str(found[0]) == ("src/a.cpp:2: split: comment split mid-sentence (end the line with . ! or ?, "
                              "or make it one line): // one clause that")

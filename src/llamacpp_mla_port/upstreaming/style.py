@@ -4,7 +4,7 @@
 - a body is short (at most BODY_LINES lines);
 - every comment the series adds to C/C++ or Python is at most 2 lines, and never split
   mid-sentence: in a block of consecutive comment lines every line but the last ends a
-  sentence or clause (`.`, `:`, `;`, `!` or `?`, optionally before a closing parenthesis);
+  sentence (`.`, `!` or `?`, optionally before a closing parenthesis), never a colon or semicolon;
 - every added line is ASCII (no em dashes, arrows, multiplication signs).
 `findings(patch_text)` checks one format-patch file; tests/series/test_stacks.py keeps patches/
 and every PR stack clean, and `make pr` reports the same per commit.
@@ -26,8 +26,8 @@ COMMENT_LINES = 2
 _SECOND_PREFIX = re.compile(r"^[A-Za-z0-9_.+/-]+ ?: ")
 _C_EXT = (".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh", ".m", ".metal")
 _PY_EXT = (".py",)
-#: the end of a sentence or clause, optionally before a closing parenthesis
-_CLAUSE_END = re.compile(r"[.:;!?]\)?$")
+#: the end of a sentence, optionally before a closing parenthesis
+_CLAUSE_END = re.compile(r"[.!?]\)?$")
 
 
 @dataclass(frozen=True)
@@ -93,14 +93,14 @@ def _comment_words(path: str, text: str) -> str:
 
 
 def split_findings(path: str, block: list[tuple[int, str]]) -> list[StyleFinding]:
-    """A comment block split mid-sentence: a line before the last that does not end a sentence
-    or clause (AGENTS.md: comments are never hard-wrapped mid-sentence)."""
+    """A comment block split mid-sentence: a line before the last that does not end a sentence,
+    a colon or semicolon included (AGENTS.md: comments are never hard-wrapped mid-sentence)."""
     out = []
     for line_no, text in block[:-1]:
         words = _comment_words(path, text)
         if words and not _CLAUSE_END.search(words):
             out.append(StyleFinding(f"{path}:{line_no}", "split",
-                                    f"comment split mid-sentence (end the line with . : ; ! or ?, "
+                                    f"comment split mid-sentence (end the line with . ! or ?, "
                                     f"or make it one line): {text.strip()}"))
     return out
 
