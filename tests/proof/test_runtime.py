@@ -149,8 +149,8 @@ def test_biased_mla_draft_gets_partial_acceptance(llama_build, models, reference
 
 
 def test_mla_draft_with_kept_embeddings_loads(llama_build, models, reference):
-    # no converter writes one, but a hand-made MLA draft may carry its own token_embd: as every
-    # DFlash draft without an output head it embeds with it and ties the head to it; lossless still
+    # no converter writes one, but a hand-made MLA draft may carry its own token_embd: it embeds
+    # with it, and (since b11549 dropped the tie to token_embd) its head is the target's; lossless still
     draft = write_mla_draft_gguf(models["dir"] / "mla-draft-embd.gguf", models["target"], seed=1,
                                  keep_embeddings=True)
     run = run_speculative(llama_build, models["target"], draft)
@@ -171,6 +171,16 @@ def test_an_mla_draft_setting_a_scale_key_is_refused_naming_it(llama_build, mode
         return
     assert run.rc != 0
     assert f"DFlash MLA draft: {key} = 2 is not supported (the MLA graph does not apply it)" in run.log, run.log[-3000:]
+
+
+def test_an_mla_draft_with_rope_sections_is_refused(llama_build, models):
+    """graph_mla ropes with ggml_rope_ext, while M-RoPE sections would turn the draft's rope type to
+    M-RoPE (llama_model_rope_type): refused, naming the key."""
+    draft = write_mla_draft_gguf(models["dir"] / "sections.gguf", models["target"],
+                                 config={"add_float_keys": {"dflash.rope.dimension_sections": [2, 0, 0, 0]}})
+    run = run_speculative(llama_build, models["target"], draft, timeout=120)
+    assert run.rc != 0
+    assert "DFlash MLA draft: dflash.rope.dimension_sections is not supported" in run.log, run.log[-3000:]
 
 
 @pytest.mark.parametrize("key,value,needle", [
