@@ -70,10 +70,10 @@ def models(llama_build, tmp_path_factory):
 
 
 def speculative_simple(build: Path, target: Path, draft: Path, spec_type: str = "draft-dspark",
-                       prompt: str = "hello world"):
+                       prompt: str = "hello world", extra: tuple = ()):
     return process.run([build / "bin" / "llama-speculative-simple", "-m", target, "-md", draft,
                         "--spec-type", spec_type, "-p", prompt, "-n", "8", "--temp", "0", "--top-k", "1",
-                        "-c", "256", "-t", "1"], timeout=120, env=ENV)
+                        "-c", "256", "-t", "1", *extra], timeout=120, env=ENV)
 
 
 def refusal(build: Path, target: Path, draft: Path, spec_type: str = "draft-dspark"):
@@ -127,6 +127,67 @@ def test_server_refuses_at_start_up_with_the_reason(llama_build, models, case):
     text = log.read_text(errors="replace")
     assert_clean_refusal(rc, text, CASES[case][2])
     assert "exiting due to model loading error" in text
+
+
+UBATCH = "n_ubatch = 4 cannot hold the last n_rs_seq + 1 = 4 tokens of a sequence"
+
+
+def test_a_small_ubatch_is_refused_with_the_reason_never_aborted(llama_build, models):
+    """The Kimi-K3 target keeps KDA states for the draft's rollback (n_rs_seq = the draft length, 3
+    here): an -ub at or below n_rs_seq + 1 is refused where the context is made (the base aborts in
+    split_equal, exit 134), by llama-speculative-simple and llama-server alike; -ub 5 runs, and -b 1
+    with no draft tokens gets as far as the example's own prompt check (the base aborted in common's
+    sequence-removal probe before it)."""
+    small = ("-ub", "4", "-b", "4", "--spec-draft-n-max", "3")
+    proc = speculative_simple(llama_build, models["target"], models["drafts"]["fits"], extra=small)
+    if proc.returncode == 1 and UBATCH not in proc.stderr:     # common's asynchronous logger (refusal())
+        proc = speculative_simple(llama_build, models["target"], models["drafts"]["fits"], extra=small)
+    assert proc.returncode == 1 and UBATCH in proc.stderr and "use n_ubatch >= 5" in proc.stderr, proc.stderr[-3000:]
+    assert "GGML_ASSERT" not in proc.stderr and "core dumped" not in proc.stderr
+    ok = speculative_simple(llama_build, models["target"], models["drafts"]["fits"],
+                            extra=("-ub", "5", "-b", "5", "--spec-draft-n-max", "3"))
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    one = speculative_simple(llama_build, models["target"], models["drafts"]["fits"],
+                             extra=("-ub", "1", "-b", "1", "--spec-draft-n-max", "0"))
+    assert one.returncode == 1 and "the prompt exceeds the batch size (3 tokens, batch 1)" in one.stderr, \
+        one.stderr[-3000:]
+    log = models["dir"] / "server-small-ubatch.log"
+    srv = Owned([llama_build / "bin" / "llama-server", "-m", models["target"], "-md", models["drafts"]["fits"],
+                 "--spec-type", "draft-dspark", "--host", LOCALHOST, "--port", str(free_port()), "-np", "2",
+                 "-c", "512", "-t", "1", "--no-webui", *small], log, env=ENV, name="llama-server")
+    try:
+        rc = srv.wait(120)
+    finally:
+        srv.stop()
+    text = log.read_text(errors="replace")
+    assert rc == 1 and UBATCH in text and "GGML_ASSERT" not in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_the_flags_a_user_combines_with_a_draft_end_in_output_or_a_reason(llama_build, models):
+    """The sweep of the 2026-12-06 issue: -ub = -b 1, 3, 4, 5, 8 x -c 16, 64 x --spec-draft-n-max 0, 1,
+    4, 9, for the MLA and the Qwen3-style drafts (block 4). Every run exits 0, or 1 with an error line,
+    never a signal (on the base 44 of the 80 aborted). Prints the table docs/proof.md shows."""
+    drafts = {"mla": models["drafts"]["fits"],
+              "qwen3": _write("qwen3", models["dir"] / "qwen3-fits.gguf", models["target"], {})}
+    rows, bad = [], []
+    for name, draft in drafts.items():
+        for ub in (1, 3, 4, 5, 8):
+            for ctx in (16, 64):
+                cells = []
+                for n_max in (0, 1, 4, 9):
+                    extra = ("-ub", str(ub), "-b", str(ub), "--spec-draft-n-max", str(n_max))
+                    proc = process.run([llama_build / "bin" / "llama-speculative-simple", "-m", models["target"],
+                                        "-md", draft, "--spec-type", "draft-dspark", "-p", "hello world", "-n", "8",
+                                        "--temp", "0", "--top-k", "1", "-c", str(ctx), "-t", "1", *extra],
+                                       timeout=120, env=ENV)
+                    cells.append(str(proc.returncode))
+                    clean = proc.returncode == 0 or (proc.returncode == 1 and "error" in proc.stderr.lower())
+                    if not clean or "GGML_ASSERT" in proc.stderr:
+                        bad.append((name, ub, ctx, n_max, proc.returncode, proc.stderr[-600:]))
+                rows.append(f"| {name} | {ub} | {ctx} | " + " | ".join(cells) + " |")
+    print("\n| draft | -ub = -b | -c | n-max 0 | 1 | 4 | 9 |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    assert not bad, bad[:3]
 
 
 # ------------------------------------------------------------------------------------------

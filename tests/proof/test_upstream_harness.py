@@ -35,7 +35,7 @@ from llamacpp_mla_port.source import obtain
 REPO = Path(__file__).resolve().parents[2]
 TEST_COMMIT = "09-tests-dflash-pair-archs"
 RPC_TEST_COMMIT = "06-tests-rpc-lost-server"
-TAPS_STACK, TAPS_TEST_COMMIT = "kimi-k3-layer-inputs", "24-tests-kimi-k3-layer-inputs"
+TAPS_STACK = "kimi-k3-layer-inputs"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -260,9 +260,11 @@ def test_pair_check_test_fails_without_its_fixes(pin, sdist_tarball, tmp_path):
 
 
 @pytest.mark.build
-def test_kimi_k3_layer_inputs_are_read_in_test_llama_archs(llama_build):
+def test_kimi_k3_layer_inputs_are_read_in_test_llama_archs_and_a_small_rs_tail_ubatch_refused(llama_build):
     """test-llama-archs asks a kimi-k3 model for every layer's input after a decode, as a DFlash,
-    DSpark or EAGLE3 draft paired with it does, and finds them finite."""
+    DSpark or EAGLE3 draft paired with it does, and finds them finite, layer 0's equal to the token
+    embedding rows; kimi-k3 keeps KDA states for a draft's rollback, so its row also makes contexts
+    with n_rs_seq 3: n_ubatch 4 refused, 5 decoding (ubatch-rs-tail)."""
     for _ in range(3):      # the summary is the log's last line, the one common's logger can drop
         rc, text = _run_archs(llama_build, 1, "kimi-k3")
         if "Summary:" in text:
@@ -273,14 +275,17 @@ def test_kimi_k3_layer_inputs_are_read_in_test_llama_archs(llama_build):
 
 
 @pytest.mark.slow
-def test_kimi_k3_layer_inputs_test_fails_without_its_fix(pin, sdist_tarball, tmp_path):
-    """The kimi-k3-layer-inputs PR on the pin, built with warnings as errors: its test commit alone
-    aborts in set_outputs (the base's GGML_ASSERT); the stack alone (fix + test) passes. No other
-    stack is involved: the test uses upstream's harness only."""
-    stack = load_series(REPO / "templates").stack(TAPS_STACK)
-    assert stack.commits[-1] == TAPS_TEST_COMMIT and stack.depends == ()
+@pytest.mark.parametrize("name,needle", [(TAPS_STACK, "layer input tensor is null"),
+                                         ("ubatch-rs-tail", "n_ubatch > n_keep_tail")], ids=["layer_inputs", "rs_tail"])
+def test_crash_fix_tests_fail_without_their_fix(pin, sdist_tarball, tmp_path, name, needle):
+    """A crash-fix PR on the pin, built with warnings as errors: its test commit alone aborts on
+    kimi-k3 (set_outputs' GGML_ASSERT; split_equal's for a small n_ubatch with rollback states); the
+    stack alone (fix + test) passes. No other stack is involved: the tests use upstream's harness."""
+    stack = load_series(REPO / "templates").stack(name)
+    test_commit = stack.commits[-1]
+    assert "-tests-" in test_commit and stack.depends == ()
     runs = {}
-    for label, commits in (("test-alone", (TAPS_TEST_COMMIT,)), ("stack", stack.commits)):
+    for label, commits in (("test-alone", (test_commit,)), ("stack", stack.commits)):
         tree = _tree_with(commits, pin, sdist_tarball, tmp_path / label / "llama.cpp")
         build_dir = build_mod.ensure_build(tree, tmp_path / label / "build", ("test-llama-archs",), PR_CMAKE_ARGS,
                                            rpc=False)
@@ -288,7 +293,7 @@ def test_kimi_k3_layer_inputs_test_fails_without_its_fix(pin, sdist_tarball, tmp
         print(f"{label}: test-llama-archs -a kimi-k3 exit status {runs[label][0]}")
     rc, text = runs["test-alone"]
     assert rc == -signal.SIGABRT, text[-3000:]
-    assert "layer input tensor is null" in text, text[-3000:]
+    assert needle in text, text[-3000:]
     rc, text = runs["stack"]
     assert rc == 0 and _cpu_rows(text, "kimi-k3") == {"MoE": "OK"}, text[-3000:]
 

@@ -416,11 +416,14 @@ def test_a_kept_stack_says_why(templates):
 
 
 def test_a_stack_opens_after_what_it_is_based_on(templates):
+    series = load_series(templates)
+    mla, pair = series.stack("mla-draft").order, series.stack("pair-check").order
+    last = max(s.order for s in series.stacks)          # past every order the port description uses
     _edit(templates, 'depends = ["kimi-k3-layer-inputs"]\n', 'depends = ["kimi-k3-layer-inputs", "pair-check"]\n')
-    _edit(templates, "order = 7\n", "order = 9\n")       # mla-draft after pair-check: fine
-    assert load_series(templates).stack("mla-draft").order == 9
-    _edit(templates, "order = 6\n", "order = 10\n")      # pair-check after mla-draft: refused
-    with pytest.raises(PortDescriptionError, match=r"\[stacks.mla-draft\] order = 9 comes before pair-check"):
+    _edit(templates, f"order = {mla}\n", f"order = {last + 1}\n")       # mla-draft after pair-check: fine
+    assert load_series(templates).stack("mla-draft").order == last + 1
+    _edit(templates, f"order = {pair}\n", f"order = {last + 2}\n")      # pair-check after mla-draft: refused
+    with pytest.raises(PortDescriptionError, match=rf"\[stacks.mla-draft\] order = {last + 1} comes before pair-check"):
         load_series(templates)
 
 
