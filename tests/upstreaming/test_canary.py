@@ -282,7 +282,8 @@ def test_one_stale_stack_does_not_hide_the_others(world, tmp_path, capsys, monke
     toml.write_text(toml.read_text().replace(f'anchor = """\n{MASK}"""', f'anchor = """\n{K_IDXS}\n{MASK}"""'))
     (toml.parent / "mask.cpp.j2").write_text(K_IDXS + "\n" + (toml.parent / "mask.cpp.j2").read_text())
     moved = MASK.replace("causal_attn)", "causal_attn, true)")
-    new = world.commit("canary-stale-stack", {GRAPH: lambda t: t.replace(K_IDXS + "\n" + MASK, K_IDXS + "\n" + moved, 1)})
+    new = world.commit("canary-stale-stack",
+                       {GRAPH: lambda t: t.replace(K_IDXS + "\n" + MASK, K_IDXS + "\n" + moved, 1)})
     built, proved = [], []
 
     def check_commits(repo, base, head, checkout, build_dir, targets, build, log):
