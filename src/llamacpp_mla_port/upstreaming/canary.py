@@ -396,8 +396,9 @@ def verdict_line(report: dict, onto: str) -> str:
     stages = report["stages"]
     done = "builds and proves" if stages["proof"].get("ok") else "builds (no proof)"
     if stages["stacks"].get("ok"):
-        done += ", and each PR stack renders" + (", builds" if any(r["builds"] for r in stages["stacks"]["stacks"])
-                                                 else "") + " alone"
+        rows = stages["stacks"]["stacks"]
+        done += ", and each PR stack renders" + (", builds" if any(r["builds"] for r in rows) else "") + \
+            (" and proves" if any(r["proves"] for r in rows) else "") + " alone"
     secs = f" ({report['seconds']:.1f} s)"
     if report["verdict"] == "failed":
         failure = report.get("failure") or {}
