@@ -121,11 +121,9 @@ title = "gguf-py : list two more DFLASH tensors"
 
 [stacks.graph-demo]
 title = "graph : guard the K-only mask"
-
-[[stacks.graph-demo.evidence]]
-claim = "the demo's claim"
-command = "echo demo-figure 0.5"
 '''
+#: templates/stacks/graph-demo.md: no summary, one claim
+DEMO_PROSE = {"graph-demo": "## Evidence\n\n- the demo's claim\n  `echo demo-figure 0.5`\n"}
 
 
 def demo_port_toml() -> str:
@@ -150,6 +148,9 @@ def make_templates(dst: Path, pin_commit: str) -> Path:
     """A two-commit series of our own, pinned at `pin_commit` (the sdist table kept)."""
     dst.mkdir(parents=True)
     (dst / "port.toml").write_text(demo_port_toml())
+    (dst / "stacks").mkdir()
+    for name, text in DEMO_PROSE.items():
+        (dst / "stacks" / f"{name}.md").write_text(text)
     real_pin = (TEMPLATES_DIR / "pin.toml").read_text()
     (dst / "pin.toml").write_text(pinned_at(real_pin, pin_commit))
     for slug, toml, name, body, msg in (

@@ -409,6 +409,19 @@ def test_what_never_reaches_the_gguf_is_refused_naming_it(tree, tmp_path, edit, 
     assert msg.isascii() and not any(w in msg for w in ("Inferact", "RedHat", "lightseek", "RadixArk"))
 
 
+def test_the_stream_the_runtime_reads_and_a_config_without_mla_are_told_apart(tree, tmp_path):
+    """target_hidden_state = "prefix" names the stream the runtime hands the draft: it converts,
+    byte for byte as without the key; a config without kv_lora_rank is not an MLA draft."""
+    ckpt, target = _edited_checkpoint(tmp_path, config_edit={"target_hidden_state": "prefix"})
+    with_key = convert_checkpoint(tree, ckpt, tmp_path / "prefix.gguf", target).read_bytes()
+    plain, target = _edited_checkpoint(tmp_path / "plain")
+    assert with_key == convert_checkpoint(tree, plain, tmp_path / "plain.gguf", target).read_bytes()
+    cfg = json.loads((ckpt / "config.json").read_text())
+    del cfg["kv_lora_rank"]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    _fails(tree, ckpt, target, tmp_path / "d.gguf", r"no kv_lora_rank, so this is not an MLA draft .*DSparkDraftModel")
+
+
 def test_a_causal_config_is_written_for_the_runtime(tree, tmp_path):
     """dflash.attention.causal reaches the GGUF (upstream's DFlash converter writes it), and the
     speculative driver honours it: nothing for the converter to refuse."""
@@ -433,7 +446,8 @@ def test_a_config_without_a_block_size_gets_the_default_with_one_logged_line(tre
 
 
 def test_qwen3_style_kimi_k3_dspark_takes_the_existing_path(tree, tmp_path):
-    """A GQA draft under the same architecture name: converted as a Qwen3 DSpark draft."""
+    """A GQA draft under K3DSparkModel is refused, naming the class that converts it; under
+    DSparkDraftModel it takes upstream's Qwen3 DSpark path."""
     h, n_head, n_kv, hd, n_ff, vocab, rank, n_layer = 64, 4, 2, 16, 96, 128, 8, 2
     taps = [1, 3, 6]
     cfg = {
@@ -463,6 +477,8 @@ def test_qwen3_style_kimi_k3_dspark_takes_the_existing_path(tree, tmp_path):
     (ckpt / "config.json").write_text(json.dumps(cfg))
     save_file(t, str(ckpt / "model.safetensors"))
     target = write_target_tokenizer_dir(tmp_path / "target", k3_dspark_config())
+    _fails(tree, ckpt, target, tmp_path / "k3.gguf", r"no kv_lora_rank, so this is not an MLA draft .*DSparkDraftModel")
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "architectures": ["DSparkDraftModel"]}))
 
     rd = convert(tree, ckpt, target, tmp_path / "d.gguf")
     names = set(tensors_of(rd))

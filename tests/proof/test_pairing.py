@@ -4,7 +4,7 @@ Each wrong pairing (tiny drafts from fixtures.draft_gguf against the tiny Kimi-K
 2 layers, n_embd 128, 128 tokens) goes through llama-speculative-simple and llama-server:
 both must exit 1 (not 134/SIGABRT, no GGML_ASSERT, no signal) and say why, naming the key,
 the layer or the values of both models. The pair is checked in common/speculative.cpp before
-the draft context exists (common_speculative_check_draft). A fitting draft is the control:
+the draft context exists (common_speculative_check_pair, in common_speculative_init_result). A fitting draft is the control:
 it runs. Drafts of the other kinds keep their own rules: a DFlash draft converted without a
 mask token (as conversion/qwen.py writes one when the config has none) is refused for its
 block, and EAGLE3 drafts of their own width, without a mask token, with repeated taps and a
@@ -163,6 +163,33 @@ def test_a_small_ubatch_is_refused_with_the_reason_never_aborted(llama_build, mo
     assert rc == 1 and UBATCH in text and "GGML_ASSERT" not in text, text[-3000:]
 
 
+def test_a_batch_that_cannot_hold_every_slots_draft_is_refused_by_the_server(llama_build, models):
+    """llama-server -np 4 -b 8 with a draft of 3: four slots drafting in one step need 16 places (the
+    pin aborts in GGML_ASSERT(add_ok) or in the draft's get_sub_batch); now refused at load.
+    -b 16 answers four requests at once."""
+    from llamacpp_mla_port.proof.lossless import Server
+    for name in ("fits", "qwen3-fits"):
+        draft = models["drafts"].get(name) or _write("qwen3", models["dir"] / "qwen3-fits.gguf", models["target"], {})
+        log = models["dir"] / f"share-{name}.log"
+        srv = Owned([llama_build / "bin" / "llama-server", "-m", models["target"], "-md", draft, "--spec-type",
+                     "draft-dspark", "--spec-draft-n-max", "3", "--host", LOCALHOST, "--port", str(free_port()), "-np",
+                     "4", "-c", "512", "-t", "1", "--no-webui", "-ub", "8", "-b", "8"], log, env=ENV, name="llama-server")
+        try:
+            rc = srv.wait(120)
+        finally:
+            srv.stop()
+        text = log.read_text(errors="replace")
+        assert rc == 1 and "n_batch = 8 cannot hold the sampled token and a draft of 3 for each of 4 slots: " \
+            "use -b >= 16" in text and "GGML_ASSERT" not in text, text[-3000:]
+        srv = Server(llama_build, models["target"], draft, 3, True, 0.0, models["dir"] / f"share16-{name}.log",
+                     parallel=4, threads=1, extra=["-ub", "16", "-b", "16"], env=ENV)
+        try:
+            answers = srv.complete_all(["hello world"] * 4, 8, parallel=4)
+        finally:
+            srv.close()
+        assert all(a["tokens_predicted"] > 0 for a in answers), answers
+
+
 @pytest.mark.slow
 def test_the_flags_a_user_combines_with_a_draft_end_in_output_or_a_reason(llama_build, models):
     """The sweep of the 2026-12-06 issue: -ub = -b 1, 3, 4, 5, 8 x -c 16, 64 x --spec-draft-n-max 0, 1,
@@ -189,6 +216,76 @@ def test_the_flags_a_user_combines_with_a_draft_end_in_output_or_a_reason(llama_
                 rows.append(f"| {name} | {ub} | {ctx} | " + " | ".join(cells) + " |")
     print("\n| draft | -ub = -b | -c | n-max 0 | 1 | 4 | 9 |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows))
     assert not bad, bad[:3]
+
+
+def _said(text: str) -> bool:
+    return bool(re.search(r"(^|\n)[\d.]+ E ", text)) or "error" in text.lower()
+
+
+@pytest.mark.slow
+def test_the_cache_and_slot_flags_end_in_output_or_a_reason(llama_build, models):
+    """The rest of the issue's sweep, over the MLA and the Qwen3-style drafts (block 4): -fa on/off x
+    -ctk = -ctv f16, bf16, q8_0 x -ub = -b 4, 5, 8 x --spec-draft-n-max 4, 9 in llama-speculative-simple,
+    and llama-server with -np 1-4 x -ub = -b 4, 8 x n-max 3, 9 (with -fa on, q8_0 cache), each slot
+    answering one request at once. Every run ends in output, or exit 1 with an error line."""
+    drafts = {"mla": models["drafts"]["fits"],
+              "qwen3": _write("qwen3", models["dir"] / "qwen3-fits.gguf", models["target"], {})}
+    rows, bad = [], []
+    for name, draft in drafts.items():
+        for fa in ("on", "off"):
+            for ctk in ("f16", "bf16", "q8_0"):
+                cells = []
+                for ub in (4, 5, 8):
+                    for n_max in (4, 9):
+                        for _ in range(2):      # common's asynchronous logger can lose a refusal's lines at exit
+                            proc = process.run([llama_build / "bin" / "llama-speculative-simple", "-m",
+                                                models["target"], "-md", draft, "--spec-type", "draft-dspark", "-p",
+                                                "hello world", "-n", "8", "--temp", "0", "--top-k", "1", "-c", "64",
+                                                "-t", "1", "-fa", fa, "-ctk", ctk, "-ctv", ctk, "-ub", str(ub), "-b",
+                                                str(ub), "--spec-draft-n-max", str(n_max)], timeout=120, env=ENV)
+                            if proc.returncode != 1 or _said(proc.stderr):
+                                break
+                        cells.append(str(proc.returncode))
+                        if not (proc.returncode == 0 or (proc.returncode == 1 and _said(proc.stderr))) \
+                                or "GGML_ASSERT" in proc.stderr:
+                            bad.append((name, fa, ctk, ub, n_max, proc.returncode, proc.stderr[-600:]))
+                rows.append(f"| speculative-simple | {name} | -fa {fa} -ctk/-ctv {ctk} | " + " ".join(cells) + " |")
+        for n_par in (1, 2, 3, 4):
+            cells = []
+            for ub in (4, 8):
+                for n_max in (3, 9):
+                    log = models["dir"] / f"sweep-{name}-{n_par}-{ub}-{n_max}.log"
+                    cells.append(_server_sweep_run(llama_build, models["target"], draft, log, n_par, ub, n_max, bad))
+            rows.append(f"| llama-server | {name} | -np {n_par} | " + " ".join(cells) + " |")
+    print("\n| program | draft | flags | exit per -ub 4, 5, 8 x n-max 4, 9 (server: -ub 4, 8 x n-max 3, 9) |"
+          "\n|---|---|---|---|\n" + "\n".join(rows))
+    assert not bad, bad[:3]
+
+
+def _server_sweep_run(llama_build, target, draft, log, n_par, ub, n_max, bad) -> str:
+    """One llama-server of the sweep: "ok" when every slot answers, else its exit code (1 with an
+    error line is a refusal); anything else goes into `bad`."""
+    from llamacpp_mla_port.proof.lossless import Server
+    from llamacpp_mla_port.errors import ProofError
+    try:
+        srv = Server(llama_build, target, draft, n_max, True, 0.0, log, parallel=n_par, threads=1,
+                     extra=["-ub", str(ub), "-b", str(ub), "-ctk", "q8_0", "-ctv", "q8_0"], load_timeout=120, env=ENV)
+    except ProofError as err:
+        text = log.read_text(errors="replace")
+        rc = re.search(r"exited with (-?\d+)", str(err))
+        if rc is None or rc.group(1) != "1" or not _said(text) or "GGML_ASSERT" in text:
+            bad.append(("server", n_par, ub, n_max, str(err)[:200], text[-600:]))
+        return rc.group(1) if rc else "?"
+    try:
+        answers = srv.complete_all(["hello world"] * n_par, 8, parallel=n_par)
+        if any(not a.get("content") and a.get("tokens_predicted", 0) == 0 for a in answers):
+            bad.append(("server", n_par, ub, n_max, "an empty answer"))
+        return "ok"
+    except Exception as err:      # a failed request is a finding, not a crash of the test
+        bad.append(("server", n_par, ub, n_max, str(err)[-600:]))
+        return "fail"
+    finally:
+        srv.close()
 
 
 # ------------------------------------------------------------------------------------------

@@ -139,13 +139,15 @@ def test_the_ports_plan_follows_the_review():
     assert "#18099" in refs["loader-probe"]
     assert "cpu-gemv-tiles" not in refs       # it reversed #9330: out of the series, not offered
     # every PR stands alone on the base but mla-draft, based on the Kimi-K3 crash fix (its test's target)
-    assert {st.name: st.depends for st in series.stacks if st.depends} == {"mla-draft": ("kimi-k3-layer-inputs",)}
+    # and on pair-check (its test is one row of pair-check's harness)
+    assert {st.name: st.depends for st in series.stacks if st.depends} == {
+        "mla-draft": ("kimi-k3-layer-inputs", "pair-check")}
     taps = series.stack("kimi-k3-layer-inputs")
     assert taps.commits == ("22-model-kimi-k3-layer-inputs", "24-tests-kimi-k3-layer-inputs")
     assert not taps.issue_first and taps.first_step is None
     plan_text = plan.plan_markdown(series, {})
     assert plan_text.index("## 1. kimi-k3-layer-inputs: a PR") < plan_text.index("## 2. rpc: a comment on #26724")
-    assert "- based on: kimi-k3-layer-inputs (open it once that has merged)" in plan_text
+    assert "- based on: kimi-k3-layer-inputs, pair-check (open it once they have merged)" in plan_text
     facts = " ".join(series.stack("mla-draft").issue_facts)
     for fact in ("five Multi-head Latent Attention layers", "Markov head", "confidence head",
                  "7 tokens per pass", "vLLM", "SGLang", "TensorRT-LLM",
@@ -419,7 +421,7 @@ def test_a_stack_opens_after_what_it_is_based_on(templates):
     series = load_series(templates)
     mla, pair = series.stack("mla-draft").order, series.stack("pair-check").order
     last = max(s.order for s in series.stacks)          # past every order the port description uses
-    _edit(templates, 'depends = ["kimi-k3-layer-inputs"]\n', 'depends = ["kimi-k3-layer-inputs", "pair-check"]\n')
+    assert series.stack("mla-draft").depends == ("kimi-k3-layer-inputs", "pair-check")
     _edit(templates, f"order = {mla}\n", f"order = {last + 1}\n")       # mla-draft after pair-check: fine
     assert load_series(templates).stack("mla-draft").order == last + 1
     _edit(templates, f"order = {pair}\n", f"order = {last + 2}\n")      # pair-check after mla-draft: refused
@@ -462,8 +464,9 @@ def test_make_pr_writes_the_plan_the_issue_skeleton_and_the_comment_kit(world, t
     p = Project(world, tmp_path, world.base)
     _edit(p.templates, '[stacks.gguf-demo]\n',
           '[stacks.gguf-demo]\nupstream = "comment"\ncomment_on = 26724\norder = 2\n')
-    _edit(p.templates, '[stacks.graph-demo]\n',
-          '[stacks.graph-demo]\norder = 1\nissue_first = true\nissue_facts = ["seven tokens a pass"]\n')
+    _edit(p.templates, '[stacks.graph-demo]\n', '[stacks.graph-demo]\norder = 1\nissue_first = true\n')
+    prose = p.templates / "stacks" / "graph-demo.md"
+    prose.write_text("## Issue facts\n\n- seven tokens a pass\n\n" + prose.read_text())
     make_pr(PrOptions(p.places(), skip_build=True,
                       skip_smoke=True, skip_evidence=True, upstream_checks=False), smoke=None,
             log=lambda *_: None)

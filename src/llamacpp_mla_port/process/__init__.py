@@ -10,7 +10,7 @@
 - `check=True`: a non-zero exit raises ProcessError carrying the command, the exit status and
   the stderr tail. Without it the caller reads `.returncode` (several accept non-zero codes).
   A command that cannot start (no such program) raises ProcessError either way.
-- `shell=True`: `cmd` is one string, run by `bash -c` (port.toml's evidence commands).
+- `shell=True`: `cmd` is one string, run by `bash -c` (the PR stacks' evidence commands).
 - `text=False`: stdout and stderr as bytes (`git ls-files -z`). `capture=False`: they go to
   this process's own stdout and stderr (a driver the user watches), and stay empty here.
 - stdin is /dev/null unless `input` (str or bytes) is given. Output goes to temporary

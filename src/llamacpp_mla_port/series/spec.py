@@ -1,5 +1,5 @@
 """The port description: templates/port.toml, one folder per commit in templates/series/, and
-each PR stack's prose in templates/stacks/<name>.md.
+each PR stack's prose, issue facts and evidence in templates/stacks/<name>.md.
 
 Pure data loading and validation; rendering is series/render.py's job.
 """
@@ -20,15 +20,16 @@ _CHANGE_KEYS = {"file", "anchor", "within", "within_end", "placement", "template
                 "vars", "with_commit", "without_commit"}
 _COMMIT_KEYS = {"vars", "change", "stack"}
 _STACK = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-_STACK_KEYS = {"title", "evidence", "depends", "upstream", "comment_on", "order",
-               "issue_first", "overlaps", "issue_facts", "bench", "first_step", "why"}
-#: templates/<PROSE_DIR>/<stack>.md: a stack's prose, what it changes and why (its `summary`)
+_STACK_KEYS = {"title", "depends", "upstream", "comment_on", "order",
+               "issue_first", "overlaps", "bench", "first_step", "why"}
+#: templates/<PROSE_DIR>/<stack>.md: a stack's prose, what it changes and why (its `summary`),
+#: then these sections, each at most once, in this order (its `issue_facts`, its `evidence`)
 PROSE_DIR = "stacks"
+_SECTIONS = ("## Issue facts", "## Evidence")
 #: [stacks.NAME.bench]: what upstream's own benchmarks run on the base and the stack
 _BENCH_KEYS = {"types": list, "prompts": str, "args": list, "ops": list, "params": str, "shapes": list,
                "n_layer": int, "reps": int, "batched": list, "kld": list, "kld_reference": list}
 BENCH_TYPES = ("f16", "bf16", "q8_0", "q4_0")
-_EVIDENCE_KEYS = {"claim", "command"}
 _OVERLAP_KEYS = {"ref", "relation"}
 #: what a stack becomes upstream: its own pull request, a comment on an open one, or nothing
 #: yet (kept in the series for the port's own use, not sent)
@@ -106,7 +107,7 @@ class Stack:
     title: str               # the squashed commit's subject, `<module> : <title>`
     commits: tuple[str, ...]  # commit slugs
     summary: str = ""        # templates/stacks/<name>.md, each paragraph on one line
-    evidence: tuple[Evidence, ...] = ()
+    evidence: tuple[Evidence, ...] = ()     # its `## Evidence`
     depends: tuple[str, ...] = ()   # stacks (earlier in port.toml) this PR is based on
     # the plan (upstreaming/plan.py, PLAN.md); never part of the patch text
     upstream: str = "pr"     # "pr": a pull request of ours; "comment": a comment on `comment_on`;
@@ -116,7 +117,7 @@ class Stack:
     order: int = 0           # when a new contributor (one open PR at a time) opens it, from 1
     issue_first: bool = False        # a feature: an upstream issue comes before the PR
     overlaps: tuple[Overlap, ...] = ()
-    issue_facts: tuple[str, ...] = ()   # facts the issue cites (ISSUE-SKELETON.md)
+    issue_facts: tuple[str, ...] = ()   # its `## Issue facts`: what the issue cites (ISSUE-SKELETON.md)
     bench: Bench | None = None       # upstream's benchmarks, base against the stack
     #: (commit slug, why): one of its commits that upstream can take first, as a PR of its own
     first_step: tuple[str, str] | None = None
@@ -272,20 +273,52 @@ def prose_file(name: str) -> str:
     return f"templates/{PROSE_DIR}/{name}.md"
 
 
-def _prose(root: Path, names: list[str]) -> dict[str, str]:
-    """Each stack's prose (templates/stacks/<name>.md; "" without one), a paragraph per line;
-    a file that names no stack is an error."""
+def _prose(root: Path, names: list[str]) -> dict[str, tuple]:
+    """Each stack's templates/stacks/<name>.md (none: no summary, facts or evidence) as
+    (summary, issue facts, evidence); a file that names no stack is an error."""
     folder = root / PROSE_DIR
     files = {p.stem: p for p in folder.glob("*.md")} if folder.is_dir() else {}
     orphans = sorted(set(files) - set(names))
     if orphans:
         raise PortDescriptionError(f"{folder}: {', '.join(o + '.md' for o in orphans)} names no stack of port.toml",
                                    f"rename it to a stack's name ({', '.join(names)}) or delete it")
-    out = {}
-    for name, path in files.items():
-        text = path.read_text(encoding="utf-8")
-        out[name] = "\n\n".join(" ".join(par.split()) for par in re.split(r"\n\s*\n", text) if par.strip())
-    return out
+    return {name: _prose_file(path) for name, path in files.items()}
+
+
+def _prose_file(path: Path) -> tuple[str, tuple[str, ...], tuple[Evidence, ...]]:
+    """The summary (everything before the first `## `, a paragraph per line), then the _SECTIONS:
+    `- fact` bullets, one a line; `- claim` bullets, each over one indented `` `command` `` line."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("## ")), len(lines))
+    paragraphs = re.split(r"\n\s*\n", "\n".join(lines[:start]))
+    summary = "\n\n".join(" ".join(par.split()) for par in paragraphs if par.strip())
+
+    def bad(line: int, what: str) -> PortDescriptionError:
+        return PortDescriptionError(f"{path}:{line}: {what}", "after the summary, `## Issue facts`: a `- fact` "
+                                    "line each; then `## Evidence`: a `- claim` line each, the next line "
+                                    "indented, `` `command` `` (templates/README.md, PR stacks)")
+    facts, evidence, section, claim = [], [], -1, None
+    for i, ln in enumerate(lines[start:] + [""], start + 1):
+        text = ln.strip()
+        if claim is not None:        # the line under a claim: its command
+            if not (ln[:1].isspace() and len(text) > 2 and text[0] == text[-1] == "`"):
+                raise bad(i - 1, f"the claim {claim!r} has no `command` on the indented line under it")
+            evidence.append(Evidence(claim, text[1:-1]))
+            claim = None
+        elif ln.startswith("#"):
+            if text not in _SECTIONS or _SECTIONS.index(text) <= section:
+                raise bad(i, f"the heading {text!r}: only {' then '.join(_SECTIONS)}, each at most once")
+            section = _SECTIONS.index(text)
+        elif ln.startswith("- ") or text == "-":
+            if not text[1:].strip():
+                raise bad(i, "an empty bullet")
+            if section == 0:
+                facts.append(text[1:].strip())
+            else:
+                claim = text[1:].strip()
+        elif text:
+            raise bad(i, f"{text!r} is not a `- ` bullet of {_SECTIONS[section]!r}")
+    return summary, tuple(facts), tuple(evidence)
 
 
 def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
@@ -303,20 +336,17 @@ def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
         if not _STACK.match(name) or not isinstance(table, dict):
             raise PortDescriptionError(f"{path}: [stacks.{name}] is not a table named with "
                                        "lowercase letters, digits and dashes", "e.g. [stacks.rpc]")
-        if "summary" in table:
-            raise PortDescriptionError(f"{path}: [stacks.{name}] summary: a stack's prose lives in "
-                                       f"{prose_file(name)}", "move the text there (paragraphs of markdown; "
-                                       "measured figures as links to docs/bench.md) and drop the key")
+        moved = [k for k in ("summary", "issue_facts", "evidence") if k in table]
+        if moved:
+            raise PortDescriptionError(f"{path}: [stacks.{name}] {', '.join(moved)}: moved to {prose_file(name)}",
+                                       "move the text there (summary paragraphs, figures as links to docs/bench.md, "
+                                       "then `## Issue facts` and `## Evidence`: templates/README.md, PR stacks) "
+                                       "and drop the key")
         unknown = set(table) - _STACK_KEYS
         if unknown or not table.get("title"):
             raise PortDescriptionError(f"{path}: [stacks.{name}] needs `title`"
                                        + (f"; unknown key(s) {sorted(unknown)}" if unknown else ""),
                                        f"allowed keys: {sorted(_STACK_KEYS)}")
-        for i, ev in enumerate(table.get("evidence", [])):
-            if set(ev) != _EVIDENCE_KEYS:
-                raise PortDescriptionError(f"{path}: [[stacks.{name}.evidence]] #{i + 1} needs "
-                                           "exactly `claim` and `command`",
-                                           "a claim of the PR and the command that shows it")
     for c in commits:
         if not c.stack:
             raise PortDescriptionError(
@@ -347,11 +377,10 @@ def _stacks(path: Path, port: dict, commits: list[Commit]) -> tuple[Stack, ...]:
             raise PortDescriptionError(f"{path}: [stacks.{name}] first_step = {first!r}",
                                        'first_step = {commit = "NN-slug", why = "one line"}, the commit '
                                        f"one of the stack's: {', '.join(members)}")
+        summary, facts, evidence = prose.get(name, ("", (), ()))
         out.append(Stack(name=name, title=table["title"], commits=members, depends=tuple(depends),
                          first_step=(first["commit"], first["why"].strip()) if first else None,
-                         summary=prose.get(name, ""),
-                         evidence=tuple(Evidence(e["claim"], e["command"])
-                                        for e in table.get("evidence", [])),
+                         summary=summary, issue_facts=facts, evidence=evidence,
                          bench=_bench(path, name, table.get("bench")),
                          **_plan_keys(path, name, table, names.index(name) + 1)))
     return _check_plan(path, tuple(out), [n for n in names if "order" not in raw[n]])
@@ -379,8 +408,8 @@ def _bench(path: Path, name: str, table) -> Bench | None:
 
 
 def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:
-    """[stacks.NAME]'s plan keys, checked: upstream, comment_on, order, issue_first, overlaps,
-    issue_facts (without `order`, _check_plan places the stack after the ordered ones)."""
+    """[stacks.NAME]'s plan keys, checked: upstream, comment_on, order, issue_first, overlaps
+    (without `order`, _check_plan places the stack after the ordered ones)."""
     def bad(key: str, fix: str) -> PortDescriptionError:
         return PortDescriptionError(f"{path}: [stacks.{name}] {key} = {table.get(key)!r}", fix)
 
@@ -419,11 +448,8 @@ def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:
             or not str(o["relation"]).strip() or "\n" in str(o["relation"]) for o in overlaps):
         raise bad("overlaps", 'a list of {ref = "#27478", relation = "one line"}: ref an upstream '
                   "PR or issue number with its #, relation one non-empty line")
-    facts = table.get("issue_facts", [])
-    if not isinstance(facts, list) or not all(isinstance(f, str) and f.strip() for f in facts):
-        raise bad("issue_facts", "a list of non-empty strings, each a fact the issue cites")
     return {"upstream": upstream, "comment_on": comment_on, "why": (why or "").strip(), "order": order,
-            "issue_first": issue_first, "issue_facts": tuple(facts),
+            "issue_first": issue_first,
             "overlaps": tuple(Overlap(o["ref"], o["relation"].strip()) for o in overlaps)}
 
 

@@ -65,7 +65,8 @@ def _stack_lines(st: Stack, r: dict | None) -> list[str]:
         lines.append(f"- first: an upstream issue ({st.name}/{ISSUE}); the PR waits until a "
                      "maintainer is interested")
     if st.depends:
-        lines.append(f"- based on: {', '.join(st.depends)} (open it once that has merged)")
+        lines.append(f"- based on: {', '.join(st.depends)} (open it once "
+                     f"{'that has' if len(st.depends) == 1 else 'they have'} merged)")
     lines += [f"- overlaps {o.ref}: {o.relation}" for o in st.overlaps] or ["- overlaps: none known"]
     if st.first_step:
         lines.append(f"- a first step that can go alone, before the rest: series/{st.first_step[0]} "
@@ -231,7 +232,7 @@ def comment_kit(st: Stack, patches: list[Path], evidence: list[dict], subjects: 
         lines += [f"- {e['claim']}", "", "```sh", e["command"], "```", ""]
     if not repro:
         lines += ["Not found: no evidence claim of this stack mentions SIGPIPE or a killed "
-                  "server (templates/port.toml).", ""]
+                  f"server ({prose_file(st.name)}).", ""]
     lines += [f"## 2. The {NOSIGNAL} change (the hunks of patches/ that carry it)", "",
               "These hunks also hold lines of the stack's other changes; offer only the "
               f"{NOSIGNAL} / SO_NOSIGPIPE part.", ""]

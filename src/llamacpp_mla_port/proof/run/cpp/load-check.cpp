@@ -3,10 +3,9 @@
 //
 // For every draft it does what llama-speculative-simple --spec-type draft-dspark does up to
 // and including one drafting step, through the public API:
-//   1. load the draft model;
-//   2. create a fresh target context, check the pair as common/speculative.cpp checks it
-//      (common_speculative_check_draft, before the draft context exists), then create the
-//      draft context with ctx_other = target context;
+//   1. load the draft model (in 2);
+//   2. create a fresh target context and pair the draft with it as the tools do
+//      (common_speculative_init_from_params: the pair check, then the draft context);
 //   3. read the DFlash metadata the speculative driver reads (block size, anchor layout,
 //      causality), switch the target's layer-input extraction on for the taps, the draft to
 //      non-causal attention and nextn (confidence) outputs;
@@ -18,8 +17,10 @@
 // restarts the program on the remaining drafts. A draft that takes longer than --seconds
 // (default 30) is ended by SIGALRM the same way: a hang counts as a refusal too. llama.cpp's ERROR log lines of the current
 // draft are the message of a refusal.
+#include "common.h"
 #include "llama.h"
 #include "llama-ext.h"
+#include "log.h"
 #include "speculative.h"
 
 #include <algorithm>
@@ -66,20 +67,6 @@ struct ctx_guard {
 
 // returns the stage that failed ("" when the draft was accepted)
 static const char * check_draft(const std::string & path, llama_model * model_tgt, int threads, std::string & why) {
-    llama_model_params mparams = llama_model_default_params();
-    mparams.n_gpu_layers = 0;
-    llama_model * model_dft = llama_model_load_from_file(path.c_str(), mparams);
-    if (!model_dft) {
-        why = "llama_model_load_from_file failed";
-        return "load";
-    }
-    struct model_guard { llama_model * m; ~model_guard() { llama_model_free(m); } } mg{model_dft};
-
-    if (meta_str(model_dft, "general.architecture") != "dflash" || llama_model_target_layer_ids_n(model_dft) == 0) {
-        why = "not a DFlash draft with target_layers (architecture '" + meta_str(model_dft, "general.architecture") + "')";
-        return "spec";
-    }
-
     const int32_t n_ctx = 256;
     llama_context_params cp_tgt = llama_context_default_params();
     cp_tgt.n_ctx = n_ctx;
@@ -92,18 +79,35 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
         return "target";
     }
 
-    const std::string unfit = common_speculative_check_draft(model_dft, tgt.ctx);
-    if (!unfit.empty()) {
-        why = "the draft does not fit its target: " + unfit;
-        return "pair";
+    // the pairing the tools run: load, check against the target, draft context (its errors go to common's log)
+    common_params params;
+    params.n_gpu_layers = 0;
+    params.n_ctx = params.n_batch = params.n_ubatch = n_ctx;
+    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads;
+    params.speculative.draft.mparams.path = path;
+    const std::string log_path = path + ".load-check.log";
+    common_log_set_file(common_log_main(), log_path.c_str());
+    auto init = common_speculative_init_from_params(params, model_tgt, tgt.ctx);
+    common_log_flush(common_log_main());
+    std::ifstream log_in(log_path);
+    for (std::string line; std::getline(log_in, line);) {
+        why = line.find("does not fit") != std::string::npos ? line.substr(line.find("does not fit")) : why;
     }
+    std::remove(log_path.c_str());
+    llama_model * model_dft = init->model();
+    if (!model_dft) {
+        why = "llama_model_load_from_file failed";
+        return "load";
+    }
+    if (!init->context()) {
+        why = why.empty() ? "cannot create the draft context" : "the draft " + why;
+        return why.rfind("the draft does not fit", 0) == 0 ? "pair" : "context";
+    }
+    llama_context * dft_ctx = init->context();
 
-    llama_context_params cp = cp_tgt;   // the speculative driver copies the target's parameters
-    cp.ctx_other = tgt.ctx;
-    ctx_guard dft{llama_init_from_model(model_dft, cp)};
-    if (!dft.ctx) {
-        why = "cannot create the draft context";
-        return "context";
+    if (meta_str(model_dft, "general.architecture") != "dflash" || llama_model_target_layer_ids_n(model_dft) == 0) {
+        why = "not a DFlash draft with target_layers (architecture '" + meta_str(model_dft, "general.architecture") + "')";
+        return "spec";
     }
 
     // what common_speculative_impl_draft_dflash reads and sets
@@ -119,8 +123,8 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
     for (uint32_t k = 0; k < n_taps; ++k) {
         llama_set_embeddings_layer_inp(tgt.ctx, (uint32_t) taps[k], true);
     }
-    llama_set_embeddings_nextn(dft.ctx, true, !dflash2);
-    llama_set_causal_attn(dft.ctx, causal);
+    llama_set_embeddings_nextn(dft_ctx, true, !dflash2);
+    llama_set_causal_attn(dft_ctx, causal);
 
     // target prompt: a few token ids, every row an output
     const int32_t n_prompt = 6;
@@ -158,7 +162,7 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
         }
     }
 
-    llama_batch_ext * bx = llama_batch_ext_init(dft.ctx);
+    llama_batch_ext * bx = llama_batch_ext_init(dft_ctx);
     struct batch_guard { llama_batch_ext * b; ~batch_guard() { llama_batch_ext_free(b); } } bg{bx};
     for (int32_t i = 0; i < n_prompt; ++i) {
         const llama_pos pos[4] = { i, i, i, 0 };
@@ -169,7 +173,7 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
             return "inject";
         }
     }
-    const int32_t rc_inj = llama_process(dft.ctx, LLAMA_PROCESS_TYPE_DECODE, bx);
+    const int32_t rc_inj = llama_process(dft_ctx, LLAMA_PROCESS_TYPE_DECODE, bx);
     if (rc_inj != 0) {
         why = "feature injection failed, rc " + std::to_string(rc_inj);
         return "inject";
@@ -187,13 +191,13 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
             return "block";
         }
     }
-    const int32_t rc_blk = llama_process(dft.ctx, LLAMA_PROCESS_TYPE_DECODE, bx);
+    const int32_t rc_blk = llama_process(dft_ctx, LLAMA_PROCESS_TYPE_DECODE, bx);
     if (rc_blk != 0) {
         why = "block decode failed, rc " + std::to_string(rc_blk);
         return "block";
     }
     for (int32_t i = 0; i < n_draft && !dflash2; ++i) {
-        if (!llama_get_logits_ith(dft.ctx, i)) {
+        if (!llama_get_logits_ith(dft_ctx, i)) {
             why = "no logits for block row " + std::to_string(i);
             return "block";
         }
