@@ -134,6 +134,7 @@ def test_v_b_form_ops_name_the_product_not_its_copies():
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_lossless_stage_quantized_draft_cache(patched_tree, llama_build, tmp_path):
     """The lossless stage's quantized draft cache rows (`-ctkd q8_0 -ctvd q8_0`) on the CPU, on
     a draft whose K head is whole Q8_0 blocks: greedy output still equals the target's, and

@@ -29,7 +29,7 @@ from llamacpp_mla_port.proof.reference.model import read_target_head
 from llamacpp_mla_port.proof.run.draft_logits import load_outputs
 from llamacpp_mla_port.stages import Stages
 
-pytestmark = pytest.mark.build
+pytestmark = [pytest.mark.build, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("parity", "realsize", "host", "threads")

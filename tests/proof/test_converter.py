@@ -688,7 +688,9 @@ def _first_difference(a: Path, b: Path) -> str:
                 "layout only")
 
 
-@pytest.mark.parametrize("shape", sorted(DEEPSEEK_SHAPES))
+# kimi-k2 re-proves deepseek-v2-lite's path at another shape: make test-slow
+@pytest.mark.parametrize("shape", [pytest.param(s, marks=pytest.mark.slow) if s == "kimi-k2" else s
+                                   for s in sorted(DEEPSEEK_SHAPES)])
 def test_deepseek_conversions_are_byte_identical_with_the_base_converter(tree, base_converter, tmp_path, shape):
     cfg = DEEPSEEK_SHAPES[shape]
     ckpt = _deepseek_checkpoint(tmp_path / "ckpt", cfg, seed=len(shape))

@@ -202,6 +202,7 @@ def check_load(report: dict, min_requests: int = N_MEASURED) -> list[str]:
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_server_with_the_draft_holds_under_concurrent_load(llama_build, patched_tree, tmp_path):
     base = write_kimi_k3_target(llama_build, tmp_path / "kimi-k3-tiny.gguf")
     report = run_load_test(patched_tree, llama_build, tmp_path / "load", base)

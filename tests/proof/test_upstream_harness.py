@@ -201,6 +201,7 @@ def test_the_perf_cases_but_their_control_take_the_new_tiled_path(patched_tree):
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_flash_attention_over_shared_kv_heads_in_test_backend_ops(patched_tree, llama_build):
     """test-backend-ops checks ggml-cpu's flash attention against its one-row reference path
     (use_ref) on the cases whose query heads share a K/V head: since `ggml-cpu : tile flash

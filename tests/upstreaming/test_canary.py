@@ -80,6 +80,7 @@ def test_a_renamed_function_ends_at_anchor_with_the_anchor_and_candidates(world,
     _untouched(demo, before)
 
 
+@pytest.mark.slow
 def test_make_canary_prints_the_verdict_first_and_review_when_upstream_landed_a_line(
         world, demo, tmp_path, capsys, monkeypatch):
     """Upstream listed one of the two tensors our first commit adds, right under its anchor: the
@@ -205,6 +206,7 @@ def _is_stamped(logged: str, stamped: set[Path]) -> bool:
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_a_hunk_that_does_not_compile_ends_at_build_with_the_compiler_file_and_line(
         world, tmp_path, capsys, llama_build):
     """Upstream renamed a graph helper the MLA draft graph calls: the anchors are all there

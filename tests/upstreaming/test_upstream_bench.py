@@ -92,6 +92,7 @@ def test_compare_llama_bench_tables_base_against_the_pr(tmp_path, patched_tree):
 
 
 @pytest.mark.big
+@pytest.mark.slow
 def test_the_standard_model_has_the_models_shapes(tmp_path):
     import gguf
     sh = ub.SHAPES["llama-3.2-3b"]
@@ -108,6 +109,7 @@ def test_the_standard_model_has_the_models_shapes(tmp_path):
 
 
 @pytest.mark.big
+@pytest.mark.slow
 def test_the_mla_standard_model_is_written_as_llama_cpps_converter_writes_deepseek_v2(tmp_path):
     """DeepSeek-V2-Lite's first layer: the absorbed-MLA form llama.cpp loads (deepseek2.cpp's
     create_tensor shapes, ggml order), one latent K/V head of 512 + 64, and the dense FFN."""
