@@ -102,8 +102,10 @@ def test_models_land_on_both_remote_devices(llama_build, pair, servers, where):
         assert set(placed["draft"]) == {"CPU"}, placed
 
 
-@pytest.mark.parametrize("flash_attn", [False, True], ids=["fa-off", "fa-on"])
-@pytest.mark.parametrize("where", DRAFT_PLACEMENTS)
+# two of the four (placement x flash attention) pairs in make test, every pair in make test-slow
+@pytest.mark.parametrize("where,flash_attn", [
+    pytest.param(w, fa, id=f"{w}-{'fa-on' if fa else 'fa-off'}", marks=() if (w == "local") != fa else pytest.mark.slow)
+    for w in DRAFT_PLACEMENTS for fa in (False, True)])
 def test_speculative_simple_over_rpc_equals_the_target_alone(llama_build, pair, servers, where, flash_attn):
     extra = [*THREADS[2:], *target_split_args(_endpoints(servers)), *draft_args(where, len(servers))]
     identical = drafted = accepted = 0

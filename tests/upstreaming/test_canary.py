@@ -312,6 +312,7 @@ def test_one_stale_stack_does_not_hide_the_others(world, tmp_path, capsys, monke
     assert table[3].split()[:4] == ["(whole", "series)", "FAILED", "--"], table
 
 
+@pytest.mark.slow
 def test_a_stack_that_does_not_build_or_prove_alone_is_named_in_its_row(world, tmp_path, capsys, monkeypatch):
     """With the series' own stages passing (its build stood in for), one stack whose head does
     not build alone and one whose upstream tests fail: each row says why, the verdict fails."""

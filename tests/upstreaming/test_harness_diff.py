@@ -235,6 +235,7 @@ def test_a_new_base_is_exported_newer_than_the_last_build(tmp_path):
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_every_architecture_passes_test_llama_archs_patched(llama_build):
     """The fast subset: upstream's harness over every architecture it knows, on the patched
     build (the series must not fail a case of any other model)."""

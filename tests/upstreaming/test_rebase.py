@@ -343,6 +343,7 @@ def test_real_series_moved_anchors_pass_and_the_tree_identity_holds(world, real,
     assert ident["checked"] and ident["regions"] == [] and ident["commits"] == len(load_series(real.templates).commits)
 
 
+@pytest.mark.slow
 def test_real_series_a_change_landed_upstream_in_other_words_is_flagged(world, real, mets, capsys):
     """Upstream lands a change's code line as it would write it (no comment of ours, its own
     spacing) right at the anchor: the canary says review and names the commit and the line.
@@ -397,6 +398,7 @@ def test_real_series_a_reworded_anchor_fails_with_the_reworded_line_first(world,
     assert f"closest candidate lines: {fail['candidates'][0]}" in fail["message"]
 
 
+@pytest.mark.slow
 def test_real_series_a_hunk_that_lands_elsewhere_breaks_the_tree_identity(world, real, mets, capsys):
     """The anchor line moved to the end of its file: the change follows it there, so the series'
     diff has its lines twice (removed, added) where upstream's has the anchor only."""
