@@ -60,10 +60,7 @@ static std::string meta_str(const llama_model * model, const char * key, const c
     return llama_model_meta_val_str(model, key, buf, sizeof(buf)) >= 0 ? std::string(buf) : std::string(fallback);
 }
 
-struct ctx_guard {
-    llama_context * ctx = nullptr;
-    ~ctx_guard() { if (ctx) llama_free(ctx); }
-};
+struct ctx_guard { llama_context * ctx = nullptr; ~ctx_guard() { if (ctx) llama_free(ctx); } };
 
 // returns the stage that failed ("" when the draft was accepted)
 static const char * check_draft(const std::string & path, llama_model * model_tgt, int threads, std::string & why) {
@@ -91,19 +88,15 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
     common_log_flush(common_log_main());
     std::ifstream log_in(log_path);
     for (std::string line; std::getline(log_in, line);) {
-        why = line.find("does not fit") != std::string::npos ? line.substr(line.find("does not fit")) : why;
+        why = line.find("does not fit") != std::string::npos ? "the draft " + line.substr(line.find("does not fit")) : why;
     }
     std::remove(log_path.c_str());
     llama_model * model_dft = init->model();
-    if (!model_dft) {
-        why = "llama_model_load_from_file failed";
-        return "load";
-    }
-    if (!init->context()) {
-        why = why.empty() ? "cannot create the draft context" : "the draft " + why;
-        return why.rfind("the draft does not fit", 0) == 0 ? "pair" : "context";
-    }
     llama_context * dft_ctx = init->context();
+    if (!model_dft || !dft_ctx) {
+        why = !model_dft ? "llama_model_load_from_file failed" : why.empty() ? "cannot create the draft context" : why;
+        return !model_dft ? "load" : why.rfind("the draft does not fit", 0) == 0 ? "pair" : "context";
+    }
 
     if (meta_str(model_dft, "general.architecture") != "dflash" || llama_model_target_layer_ids_n(model_dft) == 0) {
         why = "not a DFlash draft with target_layers (architecture '" + meta_str(model_dft, "general.architecture") + "')";
