@@ -20,12 +20,12 @@ inline double cpu_s() {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// timed samples as a JSON list, 6 significant digits each
-inline std::string json_samples(const std::vector<double> & v) {
+// timed samples as a JSON list, 6 significant digits each (or as fmt writes them)
+inline std::string json_samples(const std::vector<double> & v, const char * fmt = "%.6g") {
     std::string o = "[";
     for (size_t i = 0; i < v.size(); ++i) {
         char buf[32];
-        std::snprintf(buf, sizeof(buf), "%.6g", v[i]);
+        std::snprintf(buf, sizeof(buf), fmt, v[i]);
         o += (i ? "," : "") + std::string(buf);
     }
     return o + "]";

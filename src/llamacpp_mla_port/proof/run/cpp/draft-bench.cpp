@@ -23,20 +23,14 @@
 
 #include "bandwidth.h"
 #include "clock.h"
-#include "devices.h"
-#include "diag.h"
+#include "scaffold.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <ctime>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -56,11 +50,9 @@ struct args_t {
     bool profile_only = false;
     std::vector<int> profile_inject;
     bool extra_bufts = true;
-    bool verbose = false;
 };
 
-static void usage() {
-    std::fprintf(stderr,
+static const char * usage =
         "usage: draft-bench --draft D.gguf --target T.gguf --out OUT.json [--inject 1,64,512] [--block 7]\n"
         "                   [--block-ctx 512] [--repeats 3] [--threads N] [--flash-attn on|off]\n"
         "                   [--cache-type f16|f32|bf16|q8_0] [--profile | --profile-only] [--no-extra-bufts]\n"
@@ -69,45 +61,20 @@ static void usage() {
         "  --profile-only: no timed passes, only one warm-up block and the profiled block\n"
         "  --profile-inject N,...: also profile one injection of N rows for each N (after an untimed one)\n"
         "  --min-seconds S: repeat each pass beyond --repeats until its timed runs add up to S (at most 200)\n"
-        "  --bw-mib M: time a read of an M MiB buffer right before every timed pass (0: off)\n");
-}
+        "  --bw-mib M: time a read of an M MiB buffer right before every timed pass (0: off)\n";
 
 static args_t parse_args(int argc, char ** argv) {
     args_t a;
-    for (int i = 1; i < argc; ++i) {
-        const std::string k = argv[i];
-        auto val = [&]() -> std::string {
-            if (i + 1 >= argc) {
-                usage();
-                die("missing value for " + k);
-            }
-            return argv[++i];
-        };
-        if      (k == "--draft")      a.draft = val();
-        else if (k == "--target")     a.target = val();
-        else if (k == "--out")        a.out = val();
-        else if (k == "--inject")     a.inject = parse_ints(val());
-        else if (k == "--block")      a.block = std::stoi(val());
-        else if (k == "--block-ctx")  a.block_ctx = std::stoi(val());
-        else if (k == "--repeats")    a.repeats = std::stoi(val());
-        else if (k == "--threads")    a.threads = std::stoi(val());
-        else if (k == "--flash-attn") a.flash_attn = val();
-        else if (k == "--cache-type") a.cache_type = val();
-        else if (k == "--profile")    a.profile = true;
-        else if (k == "--profile-only") a.profile = a.profile_only = true;
-        else if (k == "--profile-inject") a.profile_inject = parse_ints(val());
-        else if (k == "--min-seconds") a.min_seconds = std::stod(val());
-        else if (k == "--bw-mib")     a.bw_mib = std::stoi(val());
-        else if (k == "--no-extra-bufts") a.extra_bufts = false;
-        else if (k == "--verbose")    a.verbose = true;
-        else if (k == "--draft-devices")  a.draft_devices = val();
-        else if (k == "--target-devices") a.target_devices = val();
-        else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
-        else { usage(); die("unknown argument " + k); }
-    }
+    parse_flags(argc, argv, {
+        {"--draft", a.draft}, {"--target", a.target}, {"--out", a.out}, {"--inject", a.inject}, {"--block", a.block},
+        {"--block-ctx", a.block_ctx}, {"--repeats", a.repeats}, {"--threads", a.threads},
+        {"--flash-attn", a.flash_attn}, {"--cache-type", a.cache_type}, {"--profile", a.profile},
+        {"--profile-only", [&] { a.profile = a.profile_only = true; }}, {"--profile-inject", a.profile_inject},
+        {"--min-seconds", a.min_seconds}, {"--bw-mib", a.bw_mib}, {"--no-extra-bufts", [&] { a.extra_bufts = false; }},
+        {"--verbose", g_verbose}, {"--draft-devices", a.draft_devices}, {"--target-devices", a.target_devices},
+    }, usage);
     if (a.draft.empty() || a.target.empty() || a.out.empty()) {
-        usage();
-        die("--draft, --target and --out are required");
+        die_usage(usage, "--draft, --target and --out are required");
     }
     if (a.repeats < 1 || a.block < 1 || a.block_ctx < 0 || a.min_seconds < 0 || a.bw_mib < 0) {
         die("--repeats and --block must be >= 1; --block-ctx, --min-seconds and --bw-mib >= 0");
@@ -119,15 +86,6 @@ static args_t parse_args(int argc, char ** argv) {
     }
     return a;
 }
-
-static ggml_type parse_cache_type(const std::string & s) {
-    if (s == "f16")  return GGML_TYPE_F16;
-    if (s == "f32")  return GGML_TYPE_F32;
-    if (s == "bf16") return GGML_TYPE_BF16;
-    if (s == "q8_0") return GGML_TYPE_Q8_0;
-    die("unsupported --cache-type " + s + " (f16, f32, bf16, q8_0)");
-}
-
 
 // ---------------------------------------------------------------------------------------
 // per-node timing through the scheduler's eval callback
@@ -173,14 +131,7 @@ static bool profile_cb(ggml_tensor * t, bool ask, void * user) {
 }
 
 static std::string json_str(const std::string & s) {
-    std::string o = "\"";
-    for (char c : s) {
-        if (c == '"' || c == '\\') {
-            o += '\\';
-        }
-        o += c;
-    }
-    return o + "\"";
+    return "\"" + json_escape(s) + "\"";
 }
 
 static std::string json_ne(const int64_t * ne) {
@@ -188,21 +139,9 @@ static std::string json_ne(const int64_t * ne) {
            std::to_string(ne[3]) + "]";
 }
 
-static std::string json_list(const std::vector<double> & v) {
-    std::string o = "[";
-    for (size_t i = 0; i < v.size(); ++i) {
-        char buf[32];
-        std::snprintf(buf, sizeof(buf), "%.6f", v[i]);
-        o += (i ? "," : "") + std::string(buf);
-    }
-    return o + "]";
-}
-
 static int run(int argc, char ** argv) {
     const args_t args = parse_args(argc, argv);
-    g_verbose = args.verbose;
-    llama_log_set(log_cb, nullptr);
-    llama_backend_init();
+    llama_session session;
 
     const std::vector<ggml_backend_dev_t> devs_tgt = parse_devices(args.target_devices);
     const std::vector<ggml_backend_dev_t> devs_dft = parse_devices(args.draft_devices);
@@ -210,23 +149,16 @@ static int run(int argc, char ** argv) {
     llama_model_params mp_dft = placed_params(devs_dft);
     mp_tgt.use_extra_bufts = mp_dft.use_extra_bufts = args.extra_bufts;
     const double t_load0 = now_s();
-    llama_model * model_tgt = llama_model_load_from_file(args.target.c_str(), mp_tgt);
-    if (!model_tgt) {
-        die("cannot load target " + args.target);
-    }
-    llama_model * model_dft = llama_model_load_from_file(args.draft.c_str(), mp_dft);
-    if (!model_dft) {
-        die("cannot load draft " + args.draft);
-    }
+    llama_model * model_tgt = session.keep(load_model(args.target, mp_tgt, "cannot load target "));
+    llama_model * model_dft = session.keep(load_model(args.draft, mp_dft, "cannot load draft "));
     const double t_load = now_s() - t_load0;
 
     const int32_t n_embd_tgt = llama_model_n_embd(model_tgt);
     const int32_t n_taps     = (int32_t) llama_model_target_layer_ids_n(model_dft);
     const int64_t width      = (int64_t) n_taps * n_embd_tgt;
     const int32_t n_vocab    = llama_vocab_n_tokens(llama_model_get_vocab(model_tgt));
-    char mask_buf[64] = {};
-    llama_model_meta_val_str(model_dft, "tokenizer.ggml.mask_token_id", mask_buf, sizeof(mask_buf));
-    const llama_token mask_id = mask_buf[0] ? (llama_token) std::atol(mask_buf) : n_vocab - 3;
+    const std::string mask_s = meta_str(model_dft, "tokenizer.ggml.mask_token_id");
+    const llama_token mask_id = !mask_s.empty() ? (llama_token) std::atol(mask_s.c_str()) : n_vocab - 3;
 
     int32_t n_inject_max = args.block_ctx;
     for (int n : args.inject) {
@@ -236,27 +168,14 @@ static int run(int argc, char ** argv) {
         n_inject_max = std::max(n_inject_max, n);
     }
 
-    llama_context_params cp_tgt = llama_context_default_params();
-    cp_tgt.n_ctx     = 64;
-    cp_tgt.n_batch   = 64;
-    cp_tgt.n_ubatch  = 64;
-    cp_tgt.n_seq_max = 1;
-    cp_tgt.n_threads = cp_tgt.n_threads_batch = args.threads;
-    llama_context * ctx_tgt = llama_init_from_model(model_tgt, cp_tgt);
-    if (!ctx_tgt) {
-        die("cannot create the target context");
-    }
+    llama_context * ctx_tgt = session.keep(new_context(model_tgt, context_params(64, 64, args.threads),
+                                                       "cannot create the target context"));
 
+    // one ubatch per pass, as the speculative driver uses
     profiler prof, prof_inject;
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx           = (uint32_t) (n_inject_max + args.block + 256);
-    cp.n_batch         = (uint32_t) std::max(n_inject_max, args.block);
-    cp.n_ubatch        = cp.n_batch;   // one ubatch per pass, as the speculative driver uses
-    cp.n_seq_max       = 1;
-    cp.n_threads       = cp.n_threads_batch = args.threads;
-    cp.flash_attn_type = args.flash_attn == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.type_k          = parse_cache_type(args.cache_type);
-    cp.type_v          = cp.type_k;
+    llama_context_params cp = context_params((uint32_t) (n_inject_max + args.block + 256),
+                                             (uint32_t) std::max(n_inject_max, args.block), args.threads);
+    set_attention(cp, args.flash_attn, args.cache_type);
     cp.pooling_type    = LLAMA_POOLING_TYPE_NONE;
     cp.embeddings      = false;
     cp.ctx_other       = ctx_tgt;
@@ -269,10 +188,7 @@ static int run(int argc, char ** argv) {
         };
         cp.cb_eval_user_data = &profs;
     }
-    llama_context * ctx = llama_init_from_model(model_dft, cp);
-    if (!ctx) {
-        die("cannot create the draft context");
-    }
+    llama_context * ctx = session.keep(new_context(model_dft, cp, "cannot create the draft context"));
     llama_set_causal_attn(ctx, false);
     llama_set_embeddings_nextn(ctx, true, true);
     llama_memory_t mem = llama_get_memory(ctx);
@@ -285,16 +201,12 @@ static int run(int argc, char ** argv) {
         x = nd(rng);
     }
 
-    llama_batch_ext * batch = llama_batch_ext_init(ctx);
+    llama_batch_ext * batch = session.keep(llama_batch_ext_init(ctx));
     double last_cpu = 0.0;   // CPU seconds of the last timed pass
     auto inject = [&](int32_t n, int32_t pos0) {
         llama_batch_ext_clear(batch);
         for (int32_t i = 0; i < n; ++i) {
-            const llama_pos p = pos0 + i;
-            const llama_pos pos[4] = { p, p, p, 0 };
-            const llama_embd row = { feats.data() + (size_t) i * width, 1, (size_t) width };
-            const int32_t idx = llama_batch_ext_add_embd(batch, 0, row);
-            if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, pos) || !llama_batch_ext_set_output_embd(batch, idx, false)) {
+            if (!add_row(batch, feats.data() + (size_t) i * width, (size_t) width, pos0 + i)) {
                 die("cannot add feature row " + std::to_string(i));
             }
         }
@@ -309,10 +221,7 @@ static int run(int argc, char ** argv) {
     auto run_block = [&](int32_t pos0) {
         llama_batch_ext_clear(batch);
         for (int32_t i = 0; i < args.block; ++i) {
-            const llama_pos p = pos0 + i;
-            const llama_token tok = i == 0 ? (llama_token) (n_vocab / 2) : mask_id;
-            const int32_t idx = llama_batch_ext_add_token(batch, 0, tok);
-            if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, &p) || !llama_batch_ext_set_output_logits(batch, idx, true)) {
+            if (!add_token(batch, i == 0 ? (llama_token) (n_vocab / 2) : mask_id, pos0 + i, true)) {
                 die("cannot add block token " + std::to_string(i));
             }
         }
@@ -429,7 +338,7 @@ static int run(int argc, char ** argv) {
         o << "  \"" << key << "\": {";
         bool first = true;
         for (const auto & it : t_inject) {
-            o << (first ? "" : ", ") << "\"" << it.first << "\": " << json_list(it.second.*field);
+            o << (first ? "" : ", ") << "\"" << it.first << "\": " << json_samples(it.second.*field, "%.6f");
             first = false;
         }
         o << "},\n";
@@ -438,10 +347,10 @@ static int run(int argc, char ** argv) {
     per_size("inject_cpu", &timed_runs::cpu);
     per_size("inject_bw_gbps", &timed_runs::bw_gbps);
     per_size("inject_bw_cpu_share", &timed_runs::bw_cpu_share);
-    o << "  \"block_seconds\": " << json_list(t_block.seconds) << ",\n";
-    o << "  \"block_cpu\": " << json_list(t_block.cpu) << ",\n";
-    o << "  \"block_bw_gbps\": " << json_list(t_block.bw_gbps) << ",\n";
-    o << "  \"block_bw_cpu_share\": " << json_list(t_block.bw_cpu_share) << ",\n";
+    o << "  \"block_seconds\": " << json_samples(t_block.seconds, "%.6f") << ",\n";
+    o << "  \"block_cpu\": " << json_samples(t_block.cpu, "%.6f") << ",\n";
+    o << "  \"block_bw_gbps\": " << json_samples(t_block.bw_gbps, "%.6f") << ",\n";
+    o << "  \"block_bw_cpu_share\": " << json_samples(t_block.bw_cpu_share, "%.6f") << ",\n";
     o << "  \"extra_bufts\": " << (args.extra_bufts ? "true" : "false") << ",\n";
     auto write_nodes = [&](const std::vector<node_time> & nodes) {
         for (size_t i = 0; i < nodes.size(); ++i) {
@@ -465,21 +374,9 @@ static int run(int argc, char ** argv) {
     o << "}\n}\n";
     o.close();
     std::ofstream(args.out + ".log") << g_log;
-
-    llama_batch_ext_free(batch);
-    llama_free(ctx);
-    llama_free(ctx_tgt);
-    llama_model_free(model_dft);
-    llama_model_free(model_tgt);
-    llama_backend_free();
     return 0;
 }
 
 int main(int argc, char ** argv) {
-    g_prog = "draft-bench";
-    try {
-        return run(argc, argv);
-    } catch (const std::exception & err) {
-        die(err.what());
-    }
+    return run_main("draft-bench", run, argc, argv);
 }

@@ -33,13 +33,10 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
-#include "devices.h"
-#include "diag.h"
 #include "dump.h"
-#include "npy.h"
+#include "scaffold.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <cstdlib>
@@ -58,82 +55,31 @@ struct args_t {
     std::string flash_attn = "off";
     std::string cache_type = "f16";
     std::string rpc, draft_devices, target_devices;
-    bool verbose = false;
     bool base_logits = true;
 };
 
-static void usage() {
-    std::fprintf(stderr,
+static const char * usage =
         "usage: draft-logits --draft D.gguf --target T.gguf --features F.npy --tokens IDS --out DIR\n"
         "                    [--ctx-pos0 N] [--block-pos0 N] [--flash-attn on|off] [--cache-type f16|f32|bf16|q8_0]\n"
         "                    [--dump tensor-name,...] [--threads N] [--no-base-logits] [--verbose]\n"
         "                    [--yarn-attn-factor F]   (the draft context's, as llama-server's --yarn-attn-factor)\n"
         "                    [--rpc HOST:PORT,...] [--draft-devices DEV,...] [--target-devices DEV,...]\n"
         "  F.npy: [C, taps * target_n_embd] float32/float64 target features for positions ctx-pos0 .. ctx-pos0+C-1\n"
-        "  IDS:   comma-separated token ids or an int .npy: the block [anchor, MASK, ...] at block-pos0 (default ctx-pos0+C)\n");
-}
+        "  IDS:   comma-separated token ids or an int .npy: the block [anchor, MASK, ...] at block-pos0 (default ctx-pos0+C)\n";
 
 static args_t parse_args(int argc, char ** argv) {
     args_t a;
-    for (int i = 1; i < argc; ++i) {
-        const std::string k = argv[i];
-        auto val = [&]() -> std::string {
-            if (i + 1 >= argc) {
-                usage();
-                die("missing value for " + k);
-            }
-            return argv[++i];
-        };
-        if      (k == "--draft")      a.draft = val();
-        else if (k == "--target")     a.target = val();
-        else if (k == "--features")   a.features = val();
-        else if (k == "--tokens")     a.tokens = val();
-        else if (k == "--out")        a.out = val();
-        else if (k == "--ctx-pos0")   a.ctx_pos0 = std::stoi(val());
-        else if (k == "--block-pos0") a.block_pos0 = std::stoi(val());
-        else if (k == "--threads")    a.threads = std::stoi(val());
-        else if (k == "--yarn-attn-factor") a.yarn_attn_factor = std::stof(val());
-        else if (k == "--flash-attn") a.flash_attn = val();
-        else if (k == "--cache-type") a.cache_type = val();
-        else if (k == "--rpc")        a.rpc = val();
-        else if (k == "--draft-devices")  a.draft_devices = val();
-        else if (k == "--target-devices") a.target_devices = val();
-        else if (k == "--dump")       a.dump = val();
-        else if (k == "--verbose")    a.verbose = true;
-        else if (k == "--no-base-logits") a.base_logits = false;
-        else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
-        else { usage(); die("unknown argument " + k); }
-    }
+    parse_flags(argc, argv, {
+        {"--draft", a.draft}, {"--target", a.target}, {"--features", a.features}, {"--tokens", a.tokens},
+        {"--out", a.out}, {"--ctx-pos0", a.ctx_pos0}, {"--block-pos0", a.block_pos0}, {"--threads", a.threads},
+        {"--yarn-attn-factor", a.yarn_attn_factor}, {"--flash-attn", a.flash_attn}, {"--cache-type", a.cache_type},
+        {"--rpc", a.rpc}, {"--draft-devices", a.draft_devices}, {"--target-devices", a.target_devices},
+        {"--dump", a.dump}, {"--verbose", g_verbose}, {"--no-base-logits", [&] { a.base_logits = false; }},
+    }, usage);
     if (a.draft.empty() || a.target.empty() || a.features.empty() || a.tokens.empty() || a.out.empty()) {
-        usage();
-        die("--draft, --target, --features, --tokens and --out are required");
+        die_usage(usage, "--draft, --target, --features, --tokens and --out are required");
     }
     return a;
-}
-
-static std::vector<llama_token> parse_tokens(const std::string & s) {
-    std::vector<llama_token> ids;
-    if (s.size() > 4 && s.substr(s.size() - 4) == ".npy") {
-        npy_array a = npy_load(s);
-        for (int64_t i = 0; i < a.size(); ++i) {
-            ids.push_back(a.at<llama_token>(i));
-        }
-        return ids;
-    }
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        ids.push_back((llama_token) std::stol(item));
-    }
-    return ids;
-}
-
-static ggml_type parse_cache_type(const std::string & s) {
-    if (s == "f16")  return GGML_TYPE_F16;
-    if (s == "f32")  return GGML_TYPE_F32;
-    if (s == "bf16") return GGML_TYPE_BF16;
-    if (s == "q8_0") return GGML_TYPE_Q8_0;
-    die("unsupported --cache-type " + s + " (f16, f32, bf16, q8_0)");
 }
 
 // as common's --rpc does: each server's devices join the backend registry
@@ -154,14 +100,6 @@ static void add_rpc_servers(const std::string & servers) {
         }
         ggml_backend_register(server_reg);
     }
-}
-
-static std::string meta_str(const llama_model * model, const char * key) {
-    char buf[256] = {};
-    if (llama_model_meta_val_str(model, key, buf, sizeof(buf)) < 0) {
-        return "";
-    }
-    return buf;
 }
 
 // One tensor of a GGUF file as float32 rows, read straight from the file (no full load).
@@ -221,26 +159,9 @@ static bool gguf_has_tensor(const std::string & path, const char * name) {
     return has;
 }
 
-static std::string json_escape(const std::string & s) {
-    std::string o;
-    for (char c : s) {
-        if (c == '"' || c == '\\') {
-            o += '\\';
-        }
-        if (c == '\n') {
-            o += "\\n";
-            continue;
-        }
-        o += c;
-    }
-    return o;
-}
-
 static int run(int argc, char ** argv) {
     const args_t args = parse_args(argc, argv);
-    g_verbose = args.verbose;
-    llama_log_set(log_cb, nullptr);
-    llama_backend_init();
+    llama_session session;
 
     npy_array feats = npy_load(args.features);
     if (feats.shape.size() != 2) {
@@ -252,7 +173,7 @@ static int run(int argc, char ** argv) {
     for (int64_t i = 0; i < feats.size(); ++i) {
         feat_f32[i] = feats.at<float>(i);
     }
-    const std::vector<llama_token> block = parse_tokens(args.tokens);
+    const std::vector<llama_token> block = read_tokens(args.tokens);
     const int32_t n_block = (int32_t) block.size();
     if (n_block == 0) {
         die("--tokens is empty");
@@ -264,14 +185,8 @@ static int run(int argc, char ** argv) {
     }
     const std::vector<ggml_backend_dev_t> devs_tgt = parse_devices(args.target_devices);
     const std::vector<ggml_backend_dev_t> devs_dft = parse_devices(args.draft_devices);
-    llama_model * model_tgt = llama_model_load_from_file(args.target.c_str(), placed_params(devs_tgt));
-    if (!model_tgt) {
-        die("cannot load target " + args.target);
-    }
-    llama_model * model_dft = llama_model_load_from_file(args.draft.c_str(), placed_params(devs_dft));
-    if (!model_dft) {
-        die("cannot load draft " + args.draft);
-    }
+    llama_model * model_tgt = session.keep(load_model(args.target, placed_params(devs_tgt), "cannot load target "));
+    llama_model * model_dft = session.keep(load_model(args.draft, placed_params(devs_dft), "cannot load draft "));
     if (meta_str(model_dft, "general.architecture") != "dflash") {
         die(args.draft + " is not a dflash draft (general.architecture = " + meta_str(model_dft, "general.architecture") + ")");
     }
@@ -293,54 +208,28 @@ static int run(int argc, char ** argv) {
     }
 
     // target context: only a provider of token embeddings and lm_head (ctx_other), never decoded
-    llama_context_params cp_tgt = llama_context_default_params();
-    cp_tgt.n_ctx     = 64;
-    cp_tgt.n_batch   = 64;
-    cp_tgt.n_ubatch  = 64;
-    cp_tgt.n_seq_max = 1;
-    cp_tgt.n_threads = cp_tgt.n_threads_batch = args.threads;
-    llama_context * ctx_tgt = llama_init_from_model(model_tgt, cp_tgt);
-    if (!ctx_tgt) {
-        die("cannot create the target context");
-    }
+    llama_context * ctx_tgt = session.keep(new_context(model_tgt, context_params(64, 64, args.threads),
+                                                       "cannot create the target context"));
 
+    // the non-causal block must be one ubatch
     const uint32_t n_rows_max = (uint32_t) std::max<int64_t>(n_ctx_rows, n_block);
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx           = (uint32_t) (n_ctx_rows + n_block + 256);
-    cp.n_batch         = n_rows_max;
-    cp.n_ubatch        = n_rows_max;   // the non-causal block must be one ubatch
-    cp.n_seq_max       = 1;
-    cp.n_threads       = cp.n_threads_batch = args.threads;
-    cp.flash_attn_type = args.flash_attn == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.type_k          = parse_cache_type(args.cache_type);
-    cp.type_v          = cp.type_k;    // MLA requires equal K and V cache types
+    llama_context_params cp = context_params((uint32_t) (n_ctx_rows + n_block + 256), n_rows_max, args.threads);
+    set_attention(cp, args.flash_attn, args.cache_type);
     cp.pooling_type    = LLAMA_POOLING_TYPE_NONE;
     cp.embeddings      = false;
     cp.ctx_other       = ctx_tgt;
     cp.yarn_attn_factor = args.yarn_attn_factor;
     dump_state dumps;
-    for (const auto & name : split_names(args.dump)) {
-        dumps.names.insert(name);
-    }
-    if (!dumps.names.empty()) {
-        cp.cb_eval           = dump_cb;
-        cp.cb_eval_user_data = &dumps;
-    }
-    llama_context * ctx = llama_init_from_model(model_dft, cp);
-    if (!ctx) {
-        die("cannot create the draft context");
-    }
+    dumps.watch(args.dump, cp);
+    llama_context * ctx = session.keep(new_context(model_dft, cp, "cannot create the draft context"));
     llama_set_causal_attn(ctx, false);             // the block attends non-causally (port-map fact 3)
     llama_set_embeddings_nextn(ctx, true, true);   // confidence comes out through the nextn rows
 
-    // 1. context injection: feature rows with 4-entry positions (M-RoPE layout, first entry used otherwise)
-    llama_batch_ext * batch = llama_batch_ext_init(ctx);
+    // 1. context injection: feature rows
+    llama_batch_ext * batch = session.keep(llama_batch_ext_init(ctx));
     for (int64_t i = 0; i < n_ctx_rows; ++i) {
-        const llama_pos p = args.ctx_pos0 + (llama_pos) i;
-        const llama_pos pos[4] = { p, p, p, 0 };
-        const llama_embd row = { feat_f32.data() + i * width, 1, (size_t) width };
-        const int32_t idx = llama_batch_ext_add_embd(batch, 0, row);
-        if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, pos) || !llama_batch_ext_set_output_embd(batch, idx, false)) {
+        int32_t idx = 0;
+        if (!add_row(batch, feat_f32.data() + i * width, (size_t) width, args.ctx_pos0 + (llama_pos) i, &idx)) {
             die("cannot add feature row " + std::to_string(i) + " to the batch (rc " + std::to_string(idx) + ")");
         }
     }
@@ -355,9 +244,8 @@ static int run(int argc, char ** argv) {
     llama_set_embeddings(ctx, true);
     llama_batch_ext_clear(batch);
     for (int32_t i = 0; i < n_block; ++i) {
-        const llama_pos p = block_pos0 + i;
-        const int32_t idx = llama_batch_ext_add_token(batch, 0, block[i]);
-        if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, &p) || !llama_batch_ext_set_output_logits(batch, idx, true)) {
+        int32_t idx = 0;
+        if (!add_token(batch, block[i], block_pos0 + i, true, &idx)) {
             die("cannot add block token " + std::to_string(block[i]) + " (rc " + std::to_string(idx) + ")");
         }
     }
@@ -464,21 +352,9 @@ static int run(int argc, char ** argv) {
          << "  \"kv_cache_line\": \"" << json_escape(kv_line) << "\"\n"
          << "}\n";
     std::ofstream(out + "/llama.log") << g_log;
-
-    llama_batch_ext_free(batch);
-    llama_free(ctx);
-    llama_free(ctx_tgt);
-    llama_model_free(model_dft);
-    llama_model_free(model_tgt);
-    llama_backend_free();
     return 0;
 }
 
 int main(int argc, char ** argv) {
-    g_prog = "draft-logits";
-    try {
-        return run(argc, argv);
-    } catch (const std::exception & err) {
-        die(err.what());
-    }
+    return run_main("draft-logits", run, argc, argv);
 }

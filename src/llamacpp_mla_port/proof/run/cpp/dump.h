@@ -6,13 +6,14 @@
 
 #include "ggml.h"
 #include "ggml-backend.h"
+#include "llama.h"
 
+#include "devices.h"
 #include "diag.h"
 #include "npy.h"
 
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ struct dump_state {
     std::map<std::string, std::vector<int64_t>> shape;
     std::set<std::string>                       seen;
     bool                                        active = true;   // the caller turns it off after the decodes it wants
+
+    void watch(const std::string & list, llama_context_params & cp);
 
     void save(const std::string & out) {
         for (const auto & name : names) {
@@ -58,14 +61,13 @@ inline bool dump_cb(struct ggml_tensor * t, bool ask, void * user_data) {
     return true;
 }
 
-inline std::vector<std::string> split_names(const std::string & s) {
-    std::vector<std::string> v;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        if (!item.empty()) {
-            v.push_back(item);
-        }
+// the names of a --dump list; with any, cp's eval callback records them into this state
+inline void dump_state::watch(const std::string & list, llama_context_params & cp) {
+    for (const std::string & name : split_list(list)) {
+        names.insert(name);
     }
-    return v;
+    if (!names.empty()) {
+        cp.cb_eval           = dump_cb;
+        cp.cb_eval_user_data = this;
+    }
 }

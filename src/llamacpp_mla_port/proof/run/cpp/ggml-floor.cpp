@@ -17,24 +17,16 @@
 
 #include "bandwidth.h"
 #include "clock.h"
+#include "scaffold.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <ctime>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
-
-[[noreturn]] static void die(const std::string & msg) {
-    std::fprintf(stderr, "ggml-floor: error: %s\n", msg.c_str());
-    std::exit(1);
-}
 
 
 // ---------------------------------------------------------------------------------------
@@ -42,17 +34,13 @@
 
 static void bandwidth(read_bandwidth & reader, int threads, int passes, std::vector<double> & gbps,
                       std::vector<double> * cpu_share) {
-    try {
-        for (int p = 0; p < passes; ++p) {
-            settle();      // the last product's OpenMP threads may still spin
-            double share = 0.0;
-            gbps.push_back(reader.pass(threads, &share));
-            if (cpu_share) {
-                cpu_share->push_back(share);
-            }
+    for (int p = 0; p < passes; ++p) {
+        settle();      // the last product's OpenMP threads may still spin
+        double share = 0.0;
+        gbps.push_back(reader.pass(threads, &share));
+        if (cpu_share) {
+            cpu_share->push_back(share);
         }
-    } catch (const std::exception & err) {
-        die(err.what());
     }
 }
 
@@ -179,28 +167,15 @@ static gemm_result run_gemm(ggml_backend_t backend, ggml_backend_dev_t dev, cons
     return res;
 }
 
-int main(int argc, char ** argv) {
+static int run(int argc, char ** argv) {
     int threads = 2, passes = 5, repeats = 3;
     size_t bw_mib = 2048;
     bool extra_bufts = true;
     std::string out, gemm;
-    for (int i = 1; i < argc; ++i) {
-        const std::string k = argv[i];
-        auto val = [&]() -> std::string {
-            if (i + 1 >= argc) {
-                die("missing value for " + k);
-            }
-            return argv[++i];
-        };
-        if      (k == "--threads")   threads = std::stoi(val());
-        else if (k == "--out")       out = val();
-        else if (k == "--bw-mib")    bw_mib = std::stoul(val());
-        else if (k == "--bw-passes") passes = std::stoi(val());
-        else if (k == "--gemm")      gemm = val();
-        else if (k == "--repeats")   repeats = std::stoi(val());
-        else if (k == "--no-extra-bufts") extra_bufts = false;
-        else die("unknown argument " + k + " (see the header of ggml-floor.cpp)");
-    }
+    parse_flags(argc, argv, {
+        {"--threads", threads}, {"--out", out}, {"--bw-mib", bw_mib}, {"--bw-passes", passes}, {"--gemm", gemm},
+        {"--repeats", repeats}, {"--no-extra-bufts", [&] { extra_bufts = false; }},
+    }, /*usage =*/ nullptr);
     if (out.empty() || threads < 1) {
         die("--out is required and --threads must be >= 1");
     }
@@ -219,12 +194,7 @@ int main(int argc, char ** argv) {
     }
     set_threads(backend, threads);
 
-    std::unique_ptr<read_bandwidth> reader;
-    try {
-        reader = std::make_unique<read_bandwidth>(bw_mib << 20);
-    } catch (const std::exception & err) {
-        die(err.what());
-    }
+    auto reader = std::make_unique<read_bandwidth>(bw_mib << 20);
     std::vector<double> bw, bw_cpu, bw1;
     bandwidth(*reader, threads, passes, bw, &bw_cpu);
     if (threads > 1) {
@@ -257,4 +227,8 @@ int main(int argc, char ** argv) {
     o << "]\n}\n";
     ggml_backend_free(backend);
     return 0;
+}
+
+int main(int argc, char ** argv) {
+    return run_main("ggml-floor", run, argc, argv);
 }

@@ -17,6 +17,8 @@
 // restarts the program on the remaining drafts. A draft that takes longer than --seconds
 // (default 30) is ended by SIGALRM the same way: a hang counts as a refusal too. llama.cpp's ERROR log lines of the current
 // draft are the message of a refusal.
+#include "scaffold.h"   // before common.h, whose die() macro would rewrite diag.h's die()
+
 #include "common.h"
 #include "llama.h"
 #include "llama-ext.h"
@@ -35,7 +37,7 @@
 
 static std::string g_errors;   // llama.cpp ERROR lines of the current draft
 
-static void log_cb(ggml_log_level level, const char * text, void * /*user*/) {
+static void errors_cb(ggml_log_level level, const char * text, void * /*user*/) {
     if (level == GGML_LOG_LEVEL_ERROR) {
         g_errors += text;
     }
@@ -55,22 +57,12 @@ static void emit(size_t i, bool ok, const char * stage, const std::string & msg)
     std::fflush(stdout);
 }
 
-static std::string meta_str(const llama_model * model, const char * key, const char * fallback = "") {
-    char buf[64] = {};
-    return llama_model_meta_val_str(model, key, buf, sizeof(buf)) >= 0 ? std::string(buf) : std::string(fallback);
-}
-
 struct ctx_guard { llama_context * ctx = nullptr; ~ctx_guard() { if (ctx) llama_free(ctx); } };
 
 // returns the stage that failed ("" when the draft was accepted)
 static const char * check_draft(const std::string & path, llama_model * model_tgt, int threads, std::string & why) {
     const int32_t n_ctx = 256;
-    llama_context_params cp_tgt = llama_context_default_params();
-    cp_tgt.n_ctx = n_ctx;
-    cp_tgt.n_batch = cp_tgt.n_ubatch = n_ctx;
-    cp_tgt.n_seq_max = 1;
-    cp_tgt.n_threads = cp_tgt.n_threads_batch = threads;
-    ctx_guard tgt{llama_init_from_model(model_tgt, cp_tgt)};
+    ctx_guard tgt{llama_init_from_model(model_tgt, context_params(n_ctx, n_ctx, threads))};
     if (!tgt.ctx) {
         why = "cannot create the target context";
         return "target";
@@ -158,10 +150,8 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
     llama_batch_ext * bx = llama_batch_ext_init(dft_ctx);
     struct batch_guard { llama_batch_ext * b; ~batch_guard() { llama_batch_ext_free(b); } } bg{bx};
     for (int32_t i = 0; i < n_prompt; ++i) {
-        const llama_pos pos[4] = { i, i, i, 0 };
-        const llama_embd row = { feats.data() + i * width, 1, width };
-        const int32_t idx = llama_batch_ext_add_embd(bx, 0, row);
-        if (idx < 0 || !llama_batch_ext_set_pos(bx, idx, pos) || !llama_batch_ext_set_output_embd(bx, idx, false)) {
+        int32_t idx = 0;
+        if (!add_row(bx, feats.data() + i * width, width, i, &idx)) {
             why = "cannot add feature row " + std::to_string(i) + " (rc " + std::to_string(idx) + ")";
             return "inject";
         }
@@ -177,9 +167,8 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
 
     llama_batch_ext_clear(bx);
     for (int32_t i = 0; i < n_draft; ++i) {
-        const llama_pos p = n_prompt + i;
-        const int32_t idx = llama_batch_ext_add_token(bx, 0, i == 0 ? anchor : mask);
-        if (idx < 0 || !llama_batch_ext_set_pos(bx, idx, &p) || !llama_batch_ext_set_output_logits(bx, idx, !dflash2)) {
+        int32_t idx = 0;
+        if (!add_token(bx, i == 0 ? anchor : mask, n_prompt + i, !dflash2, &idx)) {
             why = "cannot add block token " + std::to_string(i == 0 ? anchor : mask) + " (rc " + std::to_string(idx) + ")";
             return "block";
         }
@@ -231,8 +220,7 @@ int main(int argc, char ** argv) {
         }
     }
 
-    llama_log_set(log_cb, nullptr);
-    llama_backend_init();
+    llama_session session(errors_cb);
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = 0;
     llama_model * model_tgt = llama_model_load_from_file(target.c_str(), mparams);
@@ -240,6 +228,7 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "load-check: cannot load the target %s:\n%s\n", target.c_str(), g_errors.c_str());
         return 2;
     }
+    session.keep(model_tgt);
 
     for (size_t i = 0; i < drafts.size(); ++i) {
         std::printf("BEGIN\t%zu\n", i);
@@ -252,8 +241,5 @@ int main(int argc, char ** argv) {
         const bool ok = stage[0] == '\0';
         emit(i, ok, ok ? "-" : stage, ok ? "" : (g_errors.empty() ? why : g_errors + " | " + why));
     }
-
-    llama_model_free(model_tgt);
-    llama_backend_free();
     return 0;
 }

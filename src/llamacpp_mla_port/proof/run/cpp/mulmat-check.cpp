@@ -24,6 +24,8 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 
+#include "diag.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -31,11 +33,6 @@
 #include <cstring>
 #include <string>
 #include <vector>
-
-[[noreturn]] static void die(const std::string & msg) {
-    std::fprintf(stderr, "mulmat-check: error: %s\n", msg.c_str());
-    std::exit(1);
-}
 
 struct rng {
     uint64_t s;
@@ -58,6 +55,7 @@ static float hsum8(const float a[8]) {
 }
 
 int main(int argc, char ** argv) {
+    g_prog = "mulmat-check";
     std::string type_s = "bf16";
     int64_t K = 0, M = 0, N = 0, H = 1;
     int threads = 2;

@@ -18,99 +18,50 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
-#include "diag.h"
 #include "dump.h"
-#include "npy.h"
+#include "scaffold.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <map>
-#include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
-static std::vector<int32_t> parse_list(const std::string & s) {
-    std::vector<int32_t> v;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        v.push_back((int32_t) std::stol(item));
-    }
-    return v;
-}
+static const char * usage =
+        "usage: target-features --target T.gguf (--layers 3,24,... | --draft D.gguf) --tokens 1,2,3|ids.npy --out DIR\n"
+        "                       [--dump tensor-name,...] [--threads N] [--verbose]\n"
+        "  --layers: llama.cpp layer indices whose INPUT is dumped (dflash.target_layers convention)\n";
 
 static int run(int argc, char ** argv) {
     std::string target, draft, tokens, layers, out, dump, prompt;
     int32_t n_generate = 0;
     int32_t threads = 2;
-    for (int i = 1; i < argc; ++i) {
-        const std::string k = argv[i];
-        auto val = [&]() -> std::string {
-            if (i + 1 >= argc) {
-                die("missing value for " + k);
-            }
-            return argv[++i];
-        };
-        if      (k == "--target")  target = val();
-        else if (k == "--draft")   draft = val();
-        else if (k == "--tokens")  tokens = val();
-        else if (k == "--layers")  layers = val();
-        else if (k == "--out")     out = val();
-        else if (k == "--threads") threads = std::stoi(val());
-        else if (k == "--dump")    dump = val();
-        else if (k == "--prompt")  prompt = val();
-        else if (k == "--generate") n_generate = std::stoi(val());
-        else if (k == "--verbose") g_verbose = true;
-        else {
-            std::fprintf(stderr,
-                "usage: target-features --target T.gguf (--layers 3,24,... | --draft D.gguf) --tokens 1,2,3|ids.npy --out DIR\n"
-                "                       [--dump tensor-name,...] [--threads N] [--verbose]\n"
-                "  --layers: llama.cpp layer indices whose INPUT is dumped (dflash.target_layers convention)\n");
-            return k == "-h" || k == "--help" ? 0 : 1;
-        }
-    }
+    parse_flags(argc, argv, {
+        {"--target", target}, {"--draft", draft}, {"--tokens", tokens}, {"--layers", layers}, {"--out", out},
+        {"--threads", threads}, {"--dump", dump}, {"--prompt", prompt}, {"--generate", n_generate},
+        {"--verbose", g_verbose},
+    }, usage, /*terse =*/ true);
     if (target.empty() || (tokens.empty() == prompt.empty()) || out.empty() || (layers.empty() && draft.empty())) {
         die("--target, one of --tokens/--prompt, --out and one of --layers/--draft are required");
     }
-    llama_log_set(log_cb, nullptr);
-    llama_backend_init();
+    llama_session session;
 
-    std::vector<llama_token> ids;
-    if (tokens.size() > 4 && tokens.substr(tokens.size() - 4) == ".npy") {
-        npy_array a = npy_load(tokens);
-        for (int64_t i = 0; i < a.size(); ++i) {
-            ids.push_back(a.at<llama_token>(i));
-        }
-    } else {
-        for (int32_t t : parse_list(tokens)) {
-            ids.push_back(t);
-        }
-    }
+    std::vector<llama_token> ids = read_tokens(tokens);
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = 0;
 
     std::vector<int32_t> lids;
     if (!layers.empty()) {
-        lids = parse_list(layers);
+        lids = parse_ids(layers);
     } else {
-        llama_model * model_dft = llama_model_load_from_file(draft.c_str(), mparams);
-        if (!model_dft) {
-            die("cannot load draft " + draft);
-        }
+        llama_model * model_dft = load_model(draft, mparams, "cannot load draft ");
         const int32_t * p = llama_model_target_layer_ids(model_dft);
         lids.assign(p, p + llama_model_target_layer_ids_n(model_dft));
         llama_model_free(model_dft);
     }
 
-    llama_model * model = llama_model_load_from_file(target.c_str(), mparams);
-    if (!model) {
-        die("cannot load target " + target);
-    }
+    llama_model * model = session.keep(load_model(target, mparams, "cannot load target "));
     const llama_vocab * vocab = llama_model_get_vocab(model);
     if (!prompt.empty()) {
         // the way llama-simple tokenizes its prompt
@@ -133,33 +84,18 @@ static int run(int argc, char ** argv) {
         }
     }
 
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx     = (uint32_t) (n_tok + n_generate + 64);
-    cp.n_batch   = (uint32_t) n_tok;
-    cp.n_ubatch  = (uint32_t) n_tok;
-    cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = threads;
+    llama_context_params cp = context_params((uint32_t) (n_tok + n_generate + 64), (uint32_t) n_tok, threads);
     dump_state dumps;
-    for (const auto & name : split_names(dump)) {
-        dumps.names.insert(name);
-    }
-    if (!dumps.names.empty()) {
-        cp.cb_eval           = dump_cb;
-        cp.cb_eval_user_data = &dumps;
-    }
-    llama_context * ctx = llama_init_from_model(model, cp);
-    if (!ctx) {
-        die("cannot create the target context");
-    }
+    dumps.watch(dump, cp);
+    llama_context * ctx = session.keep(new_context(model, cp, "cannot create the target context"));
     for (int32_t l : lids) {
         llama_set_embeddings_layer_inp(ctx, (uint32_t) l, true);
     }
 
-    llama_batch_ext * batch = llama_batch_ext_init(ctx);
+    llama_batch_ext * batch = session.keep(llama_batch_ext_init(ctx));
     for (int32_t i = 0; i < n_tok; ++i) {
-        const llama_pos p = i;
-        const int32_t idx = llama_batch_ext_add_token(batch, 0, ids[i]);
-        if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, &p) || !llama_batch_ext_set_output_logits(batch, idx, true)) {
+        int32_t idx = 0;
+        if (!add_token(batch, ids[i], i, true, &idx)) {
             die("cannot add token " + std::to_string(ids[i]) + " (rc " + std::to_string(idx) + ")");
         }
     }
@@ -201,9 +137,7 @@ static int run(int argc, char ** argv) {
             break;
         }
         llama_batch_ext_clear(batch);
-        const llama_pos p = n_tok + g;
-        const int32_t idx = llama_batch_ext_add_token(batch, 0, next);
-        if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, &p) || !llama_batch_ext_set_output_logits(batch, idx, true)) {
+        if (!add_token(batch, next, n_tok + g, true)) {
             die("cannot add a generated token");
         }
         if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) {
@@ -225,19 +159,9 @@ static int run(int argc, char ** argv) {
     }
     meta << "]\n}\n";
     std::ofstream(out + "/llama.log") << g_log;
-
-    llama_batch_ext_free(batch);
-    llama_free(ctx);
-    llama_model_free(model);
-    llama_backend_free();
     return 0;
 }
 
 int main(int argc, char ** argv) {
-    g_prog = "target-features";
-    try {
-        return run(argc, argv);
-    } catch (const std::exception & err) {
-        die(err.what());
-    }
+    return run_main("target-features", run, argc, argv);
 }

@@ -22,9 +22,7 @@
 #include "ggml-backend.h"
 
 #include "clock.h"
-#include "devices.h"
-#include "diag.h"
-#include "npy.h"
+#include "scaffold.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -35,7 +33,6 @@
 #include <map>
 #include <random>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -48,12 +45,10 @@ struct args_t {
     int32_t rs_seq = -1;          // -1: max(n) - 1
     int32_t expert_blocks = 8;
     uint32_t seed = 1234;
-    bool verbose = false;
     bool extra_bufts = true;
 };
 
-static void usage() {
-    std::fprintf(stderr,
+static const char * usage =
         "usage: verify-bench --target T.gguf --out OUT.json [--n 1,2,...,8] [--depth 1024] [--rounds 5]\n"
         "                    [--threads N] [--rs-seq R] [--draft D.gguf | --taps 3,24,...]\n"
         "                    [--tokens ids.npy|1,2,3 | --text FILE]\n"
@@ -64,44 +59,19 @@ static void usage() {
         "  --tokens / --text: the prompt (depth tokens) and what follows (the verified blocks), as ids or as text\n"
         "              the target's tokenizer reads (repeated when short); default seeded random ids\n"
         "  --state-dir DIR: the prompt's state per context kind is saved there once and loaded by later runs\n"
-        "  --no-extra-bufts: weights in plain CPU buffers (llama.cpp's --no-repack: no AMX, no repacking)\n");
-}
+        "  --no-extra-bufts: weights in plain CPU buffers (llama.cpp's --no-repack: no AMX, no repacking)\n";
 
 static args_t parse_args(int argc, char ** argv) {
     args_t a;
-    for (int i = 1; i < argc; ++i) {
-        const std::string k = argv[i];
-        auto val = [&]() -> std::string {
-            if (i + 1 >= argc) {
-                usage();
-                die("missing value for " + k);
-            }
-            return argv[++i];
-        };
-        if      (k == "--target")        a.target = val();
-        else if (k == "--draft")         a.draft = val();
-        else if (k == "--out")           a.out = val();
-        else if (k == "--tokens")        a.tokens = val();
-        else if (k == "--text")          a.text = val();
-        else if (k == "--taps")          a.taps = val();
-        else if (k == "--n")             a.n = parse_ints(val());
-        else if (k == "--depth")         a.depth = std::stoi(val());
-        else if (k == "--rounds")        a.rounds = std::stoi(val());
-        else if (k == "--threads")       a.threads = std::stoi(val());
-        else if (k == "--rs-seq")        a.rs_seq = std::stoi(val());
-        else if (k == "--expert-blocks") a.expert_blocks = std::stoi(val());
-        else if (k == "--seed")          a.seed = (uint32_t) std::stoul(val());
-        else if (k == "--flash-attn")    a.flash_attn = val();
-        else if (k == "--target-devices") a.devices = val();
-        else if (k == "--state-dir")     a.state_dir = val();
-        else if (k == "--verbose")       a.verbose = true;
-        else if (k == "--no-extra-bufts") a.extra_bufts = false;
-        else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
-        else { usage(); die("unknown argument " + k); }
-    }
+    parse_flags(argc, argv, {
+        {"--target", a.target}, {"--draft", a.draft}, {"--out", a.out}, {"--tokens", a.tokens}, {"--text", a.text},
+        {"--taps", a.taps}, {"--n", a.n}, {"--depth", a.depth}, {"--rounds", a.rounds}, {"--threads", a.threads},
+        {"--rs-seq", a.rs_seq}, {"--expert-blocks", a.expert_blocks}, {"--seed", a.seed},
+        {"--flash-attn", a.flash_attn}, {"--target-devices", a.devices}, {"--state-dir", a.state_dir},
+        {"--verbose", g_verbose}, {"--no-extra-bufts", [&] { a.extra_bufts = false; }},
+    }, usage);
     if (a.target.empty() || a.out.empty()) {
-        usage();
-        die("--target and --out are required");
+        die_usage(usage, "--target and --out are required");
     }
     if (a.n.empty() || a.depth < 1 || a.rounds < 1 || a.threads < 1 || a.expert_blocks < 0) {
         die("--n needs at least one size; --depth, --rounds and --threads must be >= 1, --expert-blocks >= 0");
@@ -152,9 +122,7 @@ static bool topk_cb(ggml_tensor * t, bool ask, void * user) {
 
 static int run(int argc, char ** argv) {
     const args_t args = parse_args(argc, argv);
-    g_verbose = args.verbose;
-    llama_log_set(log_cb, nullptr);
-    llama_backend_init();
+    llama_session session;
 
     const int n_max = *std::max_element(args.n.begin(), args.n.end());
     const std::vector<ggml_backend_dev_t> devs = parse_devices(args.devices);
@@ -170,20 +138,14 @@ static int run(int argc, char ** argv) {
         llama_model_params mpd = llama_model_default_params();
         mpd.n_gpu_layers = 0;
         mpd.vocab_only = true;
-        llama_model * dft = llama_model_load_from_file(args.draft.c_str(), mpd);
-        if (!dft) {
-            die("cannot read the draft " + args.draft);
-        }
+        llama_model * dft = load_model(args.draft, mpd, "cannot read the draft ");
         const int32_t * p = llama_model_target_layer_ids(dft);
         taps.assign(p, p + llama_model_target_layer_ids_n(dft));
         llama_model_free(dft);
     }
 
     const double t_load0 = now_s();
-    llama_model * model = llama_model_load_from_file(args.target.c_str(), mp);
-    if (!model) {
-        die("cannot load target " + args.target);
-    }
+    llama_model * model = session.keep(load_model(args.target, mp, "cannot load target "));
     const double t_load = now_s() - t_load0;
     const llama_vocab * vocab = llama_model_get_vocab(model);
     const int32_t n_vocab = llama_vocab_n_tokens(vocab);
@@ -241,13 +203,9 @@ static int run(int argc, char ** argv) {
     }
 
     auto make_ctx = [&](uint32_t n_rs_seq, topk_state * probe) {
-        llama_context_params cp = llama_context_default_params();
-        cp.n_ctx     = (uint32_t) (args.depth + n_passes + 2 * n_max + 64);
-        cp.n_batch   = 512;
-        cp.n_ubatch  = 512;
-        cp.n_seq_max = 1;
-        cp.n_rs_seq  = n_rs_seq;
-        cp.n_threads = cp.n_threads_batch = args.threads;
+        llama_context_params cp = context_params((uint32_t) (args.depth + n_passes + 2 * n_max + 64), 512,
+                                                 args.threads);
+        cp.n_rs_seq = n_rs_seq;
         cp.flash_attn_type = args.flash_attn == "on"  ? LLAMA_FLASH_ATTN_TYPE_ENABLED
                            : args.flash_attn == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
                                                       : LLAMA_FLASH_ATTN_TYPE_AUTO;
@@ -255,15 +213,11 @@ static int run(int argc, char ** argv) {
             cp.cb_eval = topk_cb;
             cp.cb_eval_user_data = probe;
         }
-        llama_context * ctx = llama_init_from_model(model, cp);
-        if (!ctx) {
-            die("cannot create a target context (n_ctx " + std::to_string(cp.n_ctx) + ", n_rs_seq " +
-                std::to_string(n_rs_seq) + ")");
-        }
-        return ctx;
+        return new_context(model, cp, "cannot create a target context (n_ctx " + std::to_string(cp.n_ctx) +
+                                      ", n_rs_seq " + std::to_string(n_rs_seq) + ")");
     };
-    llama_context * ctx_alone = make_ctx(0, nullptr);
-    llama_context * ctx_spec  = make_ctx((uint32_t) args.rs_seq, nullptr);
+    llama_context * ctx_alone = session.keep(make_ctx(0, nullptr));
+    llama_context * ctx_spec  = session.keep(make_ctx((uint32_t) args.rs_seq, nullptr));
     const bool recurrent = llama_model_is_recurrent(model) || llama_model_is_hybrid(model);
     if (recurrent && llama_n_rs_seq(ctx_spec) < (uint32_t) args.rs_seq) {
         die("the target has recurrent layers but its context keeps " + std::to_string(llama_n_rs_seq(ctx_spec)) +
@@ -278,11 +232,8 @@ static int run(int argc, char ** argv) {
                       bool all_logits) {
         llama_batch_ext_clear(b);
         for (int32_t i = 0; i < n; ++i) {
-            const llama_pos p = pos0 + i;
-            const int32_t idx = llama_batch_ext_add_token(b, 0, ids[i]);
-            if (idx < 0 || !llama_batch_ext_set_pos(b, idx, &p) ||
-                !llama_batch_ext_set_output_logits(b, idx, all_logits || i == n - 1)) {
-                die("cannot add token " + std::to_string(ids[i]) + " at " + std::to_string(p));
+            if (!add_token(b, ids[i], pos0 + i, all_logits || i == n - 1)) {
+                die("cannot add token " + std::to_string(ids[i]) + " at " + std::to_string(pos0 + i));
             }
         }
         const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, b);
@@ -292,8 +243,8 @@ static int run(int argc, char ** argv) {
         }
         llama_synchronize(ctx);
     };
-    llama_batch_ext * b_alone = llama_batch_ext_init(ctx_alone);
-    llama_batch_ext * b_spec  = llama_batch_ext_init(ctx_spec);
+    llama_batch_ext * b_alone = session.keep(llama_batch_ext_init(ctx_alone));
+    llama_batch_ext * b_spec  = session.keep(llama_batch_ext_init(ctx_spec));
 
     // the prompt, in each context (a state saved with rollback snapshots has another layout)
     auto prefill = [&](llama_context * ctx, llama_batch_ext * b) {
@@ -442,13 +393,8 @@ static int run(int argc, char ** argv) {
         llama_free(ctx_probe);
     }
 
-    char meta[256] = {};
-    char arch[64] = {};
-    llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch));
-    int32_t n_expert = 0;
-    if (llama_model_meta_val_str(model, (std::string(arch) + ".expert_count").c_str(), meta, sizeof(meta)) > 0) {
-        n_expert = std::atoi(meta);
-    }
+    const std::string arch = meta_str(model, "general.architecture");
+    const int32_t n_expert = std::atoi(meta_str(model, (arch + ".expert_count").c_str()).c_str());
 
     std::ofstream o(args.out);
     auto per_n = [&](const char * key, const std::map<int, std::vector<double>> & m, bool last = false) {
@@ -497,21 +443,9 @@ static int run(int argc, char ** argv) {
     o << "  }\n}\n";
     o.close();
     std::ofstream(args.out + ".log") << g_log;
-
-    llama_batch_ext_free(b_alone);
-    llama_batch_ext_free(b_spec);
-    llama_free(ctx_alone);
-    llama_free(ctx_spec);
-    llama_model_free(model);
-    llama_backend_free();
     return 0;
 }
 
 int main(int argc, char ** argv) {
-    g_prog = "verify-bench";
-    try {
-        return run(argc, argv);
-    } catch (const std::exception & err) {
-        die(err.what());
-    }
+    return run_main("verify-bench", run, argc, argv);
 }
