@@ -411,3 +411,43 @@ def test_attn_factor_scales_cos_sin_and_the_attention_scale_squared():
     # the real config: 0.1308608 with attn_factor 1 (RUNBOOK 3.2, vLLM's mla.py)
     real = RopeConfig(dim=64, theta=5e4, yarn=True, factor=32.0, original_context=32768, mscale_all_dim=1.0)
     assert attention_scale(real, 192) == pytest.approx(0.1308608, rel=1e-6)
+
+
+# --- transformers' DeepSeek-V3 modules as an oracle (issue 55) ---------------------------
+
+def test_transformers_oracle_computes_the_reference_function(tmp_path):
+    """The draft wired from transformers' DeepseekV3Attention/RMSNorm/MLP/rotary embedding
+    (proof/reference/transformers_oracle.py) computes our float64 function: to 1e-12 with its
+    q_a/kv_a norms at the config's eps (worst over 4 seeds 3.2e-14), to 5e-9 as transformers
+    builds them (eps 1e-6 there: 1.5e-10, docs/proof.md#oracle); the oracle with a known mistake
+    lands >= 100x over that."""
+    from llamacpp_mla_port.fixtures.checkpoint import k3_dspark_config, write_k3_dspark_checkpoint
+    from llamacpp_mla_port.proof.parity import compare
+    from llamacpp_mla_port.proof.reference.transformers_oracle import TransformersOracle
+
+    ref, cfg = make_reference()
+    feats, ids, positions = features(cfg, 9), [5, 61, 61, 61, 61, 61, 61], 40 + np.arange(9)
+    want = ref.forward(feats, ids, ctx_positions=positions)
+
+    def figure(causal=False, kq_scale=1.0, **kwargs):
+        oracle = TransformersOracle(cfg, ref.w.tensors, ref.token_embd, ref.lm_head, **kwargs)
+        for layer in oracle.layers:
+            layer.self_attn.scaling *= kq_scale
+        return compare(oracle.forward(feats, ids, ctx_positions=positions, chain=want.chain, causal=causal),
+                       want)["worst_nmse"]
+
+    aligned, as_built = figure(latent_norm_eps=cfg["rms_norm_eps"]), figure()
+    assert aligned < 1e-12 and as_built < 5e-9 and aligned * 100 < as_built, (aligned, as_built)
+    controls = {"causal": figure(causal=True), "no mscale_all_dim": figure(rope_scaling={"mscale_all_dim": 0.0}),
+                "neox": figure(rope_interleave=False), "kq scale 1 %": figure(kq_scale=1.01)}
+    assert min(controls.values()) >= 100 * 5e-9, controls
+    # the fixture checkpoint (real names, BF16, config.json with rope_parameters) loads strictly
+    ckpt = write_k3_dspark_checkpoint(tmp_path / "ckpt", k3_dspark_config(), dtype="bfloat16")
+    config, tensors = read_checkpoint(ckpt)
+    rng = np.random.default_rng(0)
+    embd, head = rng.normal(size=(2, config["vocab_size"], config["hidden_size"]))
+    fixture_ref = DraftReference(config, tensors, embd, head)
+    feats = rng.normal(size=(5, len(config["target_layer_ids"]) * config["target_hidden_size"]))
+    ids = [1] + [config["mask_token_id"]] * 3
+    got = TransformersOracle.load(ckpt, embd, head, latent_norm_eps=config["rms_norm_eps"]).forward(feats, ids)
+    assert compare(got, fixture_ref.forward(feats, ids))["worst_nmse"] < 1e-12

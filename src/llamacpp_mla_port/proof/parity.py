@@ -291,6 +291,14 @@ def summarize_mode(mode: Mode, cases: list[dict]) -> dict:
 # ---------------------------------------------------------------------------------------
 # driver
 
+def case_inputs(ref: DraftReference, pcfg: ParityConfig, seed: int, ci: int, n_ctx: int,
+                vocab: int) -> tuple[np.ndarray, list[int]]:
+    """The seeded target features and block ids of case `ci` (a run's inputs, found again from its seed)."""
+    rng = np.random.default_rng([seed, ci, n_ctx])
+    feats = rng.normal(size=(n_ctx, ref.config.n_taps * ref.config.target_hidden_size))
+    return feats, [int(rng.integers(0, vocab))] + [ref.config.mask_token_id] * (pcfg.block_size - 1)
+
+
 TargetFactory = Callable[[int, int, int], Path]   # (hidden, vocab, n_layer_min) -> target GGUF
 
 
@@ -389,9 +397,7 @@ def run_parity(tree: Path, build: Path, work: Path, target_for: TargetFactory, h
                                       {**gguf_tensor_types(draft), **target_types})
             cases = []
             for ci, (pos0, n_ctx) in enumerate(mode.cases):
-                rng = np.random.default_rng([seed, ci, n_ctx])
-                feats = rng.normal(size=(n_ctx, ref.config.n_taps * ref.config.target_hidden_size))
-                ids = [int(rng.integers(0, vocab))] + [ref.config.mask_token_id] * (pcfg.block_size - 1)
+                feats, ids = case_inputs(ref, pcfg, seed, ci, n_ctx, vocab)
                 res = run_case(binary, draft, target, ref, mode, precision, feats, ids, pos0,
                                work / "runs" / pcfg.name / mode.name / f"case{ci}", threads=threads,
                                devices=devices)
