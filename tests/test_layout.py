@@ -226,6 +226,7 @@ def clean_env(monkeypatch):
     return env
 
 
+@pytest.mark.slow
 def test_one_installed_cli_acts_on_the_checkout_it_stands_in(tmp_path, sdist_tarball, clean_env):
     assert CLI.is_file(), f"{CLI}: the console script is not installed (pip install -e .)"
     first = _checkout(tmp_path / "first")

@@ -246,6 +246,7 @@ def test_kv_b_split_is_per_head_and_absorbs_exactly(tree, made, tmp_path):
         np.testing.assert_allclose(v_b @ latent, decompressed[:, nope:], rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_gguf_dump_of_the_tree_reads_the_file(tree, made, tmp_path):
     cfg, ckpt, target = made()
     out = convert_checkpoint(tree, ckpt, tmp_path / "d.gguf", target)

@@ -248,6 +248,7 @@ def test_commit_that_changes_nothing_is_reported(tmp_path, shared):
 
 
 # ------------------------------------------------------------------------ sources
+@pytest.mark.slow
 def test_sdist_and_git_sources_give_the_same_tree(tmp_path, pin, sdist_tarball, monkeypatch, packed_cache):
     """A bare repo made from the sdist tree, served as the git source, yields the same tree."""
     _own_cache(monkeypatch, packed_cache, tmp_path / "cache")
@@ -324,6 +325,7 @@ def test_a_pin_without_a_commit_names_its_tree_and_needs_one(tmp_path, pin):
         load_pin(tmp_path / "bare.toml")
 
 
+@pytest.mark.slow
 def test_a_tag_pin_fetches_the_tag_and_checks_its_tree(tmp_path, pin, sdist_tarball, monkeypatch, packed_cache):
     """`--source git` of a pin without a commit: the tag is fetched, and a tag whose tree is not
     the pinned one is refused (the control: a tree id one digit off)."""
@@ -544,6 +546,7 @@ def test_cli_reports_user_errors_without_traceback(tmp_path):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_git_source_shallow_cache_and_a_moved_pin(tmp_path, pin, sdist_tarball, monkeypatch, packed_cache):
     """A depth-1 git cache still makes work trees, and a new pin moves an applied tree."""
     _own_cache(monkeypatch, packed_cache, tmp_path / "cache")

@@ -128,6 +128,7 @@ def _crlf_blank_line_above_the_mask(text: str) -> str:
     return text[:i - 1] + "\r\n" + text[i:]
 
 
+@pytest.mark.slow
 def test_a_hunk_that_does_not_apply_ends_at_apply_with_the_rejected_hunk(world, demo, tmp_path, capsys):
     new = world.commit("canary-crlf", {GRAPH: _crlf_blank_line_above_the_mask})
     before = demo.snapshot()

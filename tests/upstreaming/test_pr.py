@@ -212,6 +212,7 @@ def _fake_smoke(folder, where, **settings):
             "lossless": {"n_runs": 6, "n_mismatches": 0}, "settings": settings}
 
 
+@pytest.mark.slow
 def test_make_pr_writes_the_evidence_folder(world, tmp_path):
     p = Project(world, tmp_path, world.base)
     built = []
@@ -324,6 +325,7 @@ def test_make_pr_runs_upstreams_tests_per_stack_and_evidence_carries_them(world,
     assert swept == []
 
 
+@pytest.mark.slow
 def test_make_pr_reports_a_defect_of_one_commit(world, tmp_path):
     p = Project(world, tmp_path, world.base)
     mask = p.templates / "series" / "20-graph-demo" / "mask.cpp.j2"
