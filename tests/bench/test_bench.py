@@ -62,6 +62,7 @@ def _torch_block(ckpt, target, ref, dtype=None):
 
 
 @pytest.mark.build
+@pytest.mark.slow
 def test_torch_draft_is_the_draft(tiny_pair):
     import torch
 

@@ -358,6 +358,7 @@ def _tag_commit(repo: Path, base_sha: str, files: dict[str, bytes], name: str) -
     return git.run(repo, "commit-tree", tree, "-m", name, env=git.identity_env("Up", "u@x", "2026-10-02T00:00:00Z"))
 
 
+@pytest.mark.slow
 def test_a_tag_that_differs_only_in_the_packagers_files_is_the_pinned_base(tmp_path, pin, monkeypatch, packed_cache):
     """The pin is a packager's tree (packager_files): upstream's own tag has other contents in
     those files and must still be taken, and the series applies to it alike; a tag differing in

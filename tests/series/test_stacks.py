@@ -87,6 +87,7 @@ def test_each_stack_applies_alone_on_the_pin_in_both_forms(base, pin, tmp_path):
     assert set(got) == series_files
 
 
+@pytest.mark.slow
 def test_stacks_render_byte_identically_twice(base, pin, tmp_path):
     _render_all(base, pin, tmp_path / "a")
     _render_all(base, pin, tmp_path / "b")
