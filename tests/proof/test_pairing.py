@@ -4,7 +4,8 @@ Each wrong pairing (tiny drafts from fixtures.draft_gguf against the tiny Kimi-K
 2 layers, n_embd 128, 128 tokens) goes through llama-speculative-simple and llama-server:
 both must exit 1 (not 134/SIGABRT, no GGML_ASSERT, no signal) and say why, naming the key,
 the layer or the values of both models. The pair is checked in common/speculative.cpp before
-the draft context exists (common_speculative_check_pair, in common_speculative_init_result). A fitting draft is the control:
+the draft context exists (common_speculative_check_pair, in common_speculative_init_result). A
+fitting draft is the control:
 it runs. Drafts of the other kinds keep their own rules: a DFlash draft converted without a
 mask token (as conversion/qwen.py writes one when the config has none) is refused for its
 block, and EAGLE3 drafts of their own width, without a mask token, with repeated taps and a
@@ -173,7 +174,8 @@ def test_a_batch_that_cannot_hold_every_slots_draft_is_refused_by_the_server(lla
         log = models["dir"] / f"share-{name}.log"
         srv = Owned([llama_build / "bin" / "llama-server", "-m", models["target"], "-md", draft, "--spec-type",
                      "draft-dspark", "--spec-draft-n-max", "3", "--host", LOCALHOST, "--port", str(free_port()), "-np",
-                     "4", "-c", "512", "-t", "1", "--no-webui", "-ub", "8", "-b", "8"], log, env=ENV, name="llama-server")
+                     "4", "-c", "512", "-t", "1", "--no-webui", "-ub", "8", "-b", "8"], log, env=ENV,
+                    name="llama-server")
         try:
             rc = srv.wait(120)
         finally:

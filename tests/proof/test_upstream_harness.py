@@ -233,7 +233,8 @@ def _tree_with(commit_slugs: tuple[str, ...], pin, sdist_tarball, dest: Path) ->
 
 
 #: the pair check's entry point in common/speculative.cpp (0003): the slow test below empties it
-CHECK_HEAD = "static std::string common_speculative_check_pair(llama_context * ctx_tgt, const llama_model * model_dft) {\n"
+CHECK_HEAD = ("static std::string common_speculative_check_pair(llama_context * ctx_tgt, "
+              "const llama_model * model_dft) {\n")
 
 
 @pytest.mark.slow

@@ -499,7 +499,8 @@ def test_a_stale_git_lock_is_removed_a_live_one_refused(copied):
 
 
 # one delay guards the rerun; the other moments of interruption: make test-slow
-@pytest.mark.parametrize("delay", [pytest.param(d, marks=pytest.mark.slow) if d != 0.8 else d for d in (0.3, 0.8, 1.5, 3.0)])
+@pytest.mark.parametrize("delay", [pytest.param(d, marks=pytest.mark.slow) if d != 0.8 else d
+                                   for d in (0.3, 0.8, 1.5, 3.0)])
 def test_interrupted_run_can_simply_be_rerun(tmp_path, sdist_tarball, delay):
     work, patches = tmp_path / "work", tmp_path / "patches"
     cmd = TOOL + ["patch", "--source", "sdist", "--sdist-file", str(sdist_tarball),
