@@ -291,7 +291,8 @@ def test_embed_tokens_is_dropped_whether_or_not_the_checkpoint_has_it(tree, tmp_
     assert "token_embd.weight" not in names[True] and "output.weight" not in names[True]
 
 
-@pytest.mark.parametrize("flag", [("--draft-block-size", "9"), ("--keep-draft-embeddings",)])
+@pytest.mark.parametrize("flag", [("--draft-block-size", "9"),
+                                  pytest.param(("--keep-draft-embeddings",), marks=pytest.mark.slow)])
 def test_the_removed_flags_are_unknown_to_the_converter(tree, made, tmp_path, flag):
     _, ckpt, target = made()
     with pytest.raises(ConversionError, match="unrecognized arguments"):
@@ -445,6 +446,7 @@ def test_a_config_without_a_block_size_gets_the_default_with_one_logged_line(tre
     assert len(lines) == 1 and "writing 7" in lines[0] and "num_speculative_tokens" in lines[0], run.stderr[-2000:]
 
 
+@pytest.mark.slow      # its refusal is also the_stream test's; the rest is upstream's DSpark path
 def test_qwen3_style_kimi_k3_dspark_takes_the_existing_path(tree, tmp_path):
     """A GQA draft under K3DSparkModel is refused, naming the class that converts it; under
     DSparkDraftModel it takes upstream's Qwen3 DSpark path."""
