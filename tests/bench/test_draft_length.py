@@ -56,6 +56,9 @@ def test_published_curves_give_their_sources_means():
     assert math.isclose(means["vLLM production"], 0.42 * 7, abs_tol=1e-3)
     assert math.isclose(means["tokenspeed"], 1.6, abs_tol=1e-3)
     assert math.isclose(means["SGLang"], 0.6, abs_tol=1e-3)
+    # InferenceX's per-length figures hold at every length it published
+    inferencex = next(c for c in acc.PUBLISHED if c.name == "InferenceX")
+    assert all(math.isclose(inferencex.tokens_per_step(k), t, abs_tol=1e-9) for k, t in acc.INFERENCEX_TOKENS.items())
     for c in acc.PUBLISHED:
         assert len(c.cum) == 7 and c.source and all(0 <= x <= 1 for x in c.cum)
         assert list(c.cum) == sorted(c.cum, reverse=True), c.name        # cumulative: never rises

@@ -58,8 +58,17 @@ def _atom() -> Curve:
                  "adding almost nothing (read: 3.7 from positions 1-4 at one rate, 0.1 from 5-7)", cum)
 
 
-#: the published figures (issue 47, public reports gathered 2026-12-04), each with its source
+#: InferenceX's golden acceptance of this draft per draft length (issue 56): tokens per step 1.85,
+#: 2.51, 3.00, 3.75, 3.84 at lengths 1, 2, 3, 6, 7; positions 4-6 share 0.75 (interpolated)
+INFERENCEX_TOKENS = {1: 1.85, 2: 2.51, 3: 3.00, 6: 3.75, 7: 3.84}
+_INFERENCEX = Curve("InferenceX", "InferenceX golden acceptance for Inferact Kimi-K3 DSpark (B300, thinking on): "
+                    "tokens per step 1.85/2.51/3.00/3.75/3.84 at draft lengths 1/2/3/6/7; positions 4-6 "
+                    "interpolated (0.33, 0.24, 0.18)", (0.85, 0.66, 0.49, 0.33, 0.24, 0.18, 0.09))
+
+#: the published figures (issue 47, public reports gathered 2026-12-04; InferenceX's per-length curve
+#: first, the default), each with its source
 PUBLISHED: tuple[Curve, ...] = (
+    _INFERENCEX,
     _atom(),
     geometric("vLLM production", "a vLLM production build: acceptance rate 0.42 of drafted tokens at block 7 "
               "(2.94 accepted per step)", 0.42 * 7),
