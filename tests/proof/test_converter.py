@@ -423,6 +423,47 @@ def test_the_stream_the_runtime_reads_and_a_config_without_mla_are_told_apart(tr
     _fails(tree, ckpt, target, tmp_path / "d.gguf", r"no kv_lora_rank, so this is not an MLA draft .*DSparkDraftModel")
 
 
+_IDENTITY_DRIVER = '''
+import hashlib, sys
+from pathlib import Path
+tree, ckpt = sys.argv[1], Path(sys.argv[2])
+sys.path[:0] = [tree + "/gguf-py", tree]
+import convert_hf_to_gguf
+from conversion.deepseek import K3DSparkModel
+# this checkpoint's own sizes and hashes stand for the published ones (the real files are 7 GB)
+K3DSparkModel.published_files = {n: ((ckpt / n).stat().st_size, hashlib.sha256((ckpt / n).read_bytes()).hexdigest())
+                                 for n in ("config.json", "model.safetensors")}
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
+convert_hf_to_gguf.main()
+'''
+
+
+def test_the_published_checkpoint_is_named_from_its_hashes_and_another_is_not(tree, tmp_path):
+    """Another checkpoint of the class converts and says it is not the published revision; the hash
+    reader, given this checkpoint's own sizes and sha256 as the published ones, names it in the log,
+    in general.source.* and in the doctor's report."""
+    from llamacpp_mla_port.doctor.diagnose import diagnose
+    ckpt, target = _edited_checkpoint(tmp_path)
+    run = run_converter(tree, ckpt, tmp_path / "other.gguf", target)
+    assert "K3DSpark: not Inferact/Kimi-K3-DSpark at revision cf6b8244" in run.stderr, run.stderr[-2000:]
+    assert GGUFReader(run.out_gguf).get_field("general.source.url") is None
+    report, _ = diagnose(run.out_gguf)
+    assert "not named the published Inferact/Kimi-K3-DSpark revision" in json.dumps(report)
+    driver, out = tmp_path / "identity.py", tmp_path / "published.gguf"
+    driver.write_text(_IDENTITY_DRIVER)
+    proc = subprocess.run([sys.executable, str(driver), str(tree), str(ckpt), "--outfile", str(out),
+                           "--target-model-dir", str(target)], capture_output=True, text=True, timeout=600, cwd=tree,
+                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert proc.returncode == 0 and "K3DSpark: Inferact/Kimi-K3-DSpark at revision cf6b8244620e7ea4" in proc.stderr, \
+        proc.stderr[-2000:]
+    rd = GGUFReader(out)
+    assert field(rd, "general.source.url") == \
+        "https://huggingface.co/Inferact/Kimi-K3-DSpark/tree/cf6b8244620e7ea4b0651d214f28e89eac75bed6"
+    assert field(rd, "general.source.repo_url") == "https://huggingface.co/Inferact/Kimi-K3-DSpark"
+    report, _ = diagnose(out)
+    assert "converted from the published Inferact/Kimi-K3-DSpark, revision cf6b8244" in json.dumps(report)
+
+
 def test_a_causal_config_is_written_for_the_runtime(tree, tmp_path):
     """dflash.attention.causal reaches the GGUF (upstream's DFlash converter writes it), and the
     speculative driver honours it: nothing for the converter to refuse."""

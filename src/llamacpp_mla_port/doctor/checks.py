@@ -77,11 +77,15 @@ def check_arch(ctx: Context) -> Iterable[Finding]:
 
 def _variant_note(ctx: Context) -> str:
     hp = ctx.hp
+    url = ctx.draft.get("general.source.url")      # the converter names the published checkpoint from its hashes
+    source = (f"; converted from the published Inferact/Kimi-K3-DSpark, revision {url.rsplit('/', 1)[-1][:8]}"
+              if isinstance(url, str) and "Inferact/Kimi-K3-DSpark/tree/" in url else
+              "; not named the published Inferact/Kimi-K3-DSpark revision (no general.source.url from its hashes)")
     if hp["block_count"] == 3 and hp["attention.head_count"] == 96:
-        return "; 3 layers x 96 heads looks like Inferact's Block5 variant, not Kimi-K3-DSpark"
+        return "; 3 layers x 96 heads looks like Inferact's Block5 variant, not Kimi-K3-DSpark" + source
     if hp["embedding_length"] == K3_N_EMBD and hp["n_vocab"] == K3_VOCAB:
-        return f"; n_embd {K3_N_EMBD} and vocab {K3_VOCAB} match Kimi-K3"
-    return ""
+        return f"; n_embd {K3_N_EMBD} and vocab {K3_VOCAB} match Kimi-K3" + source
+    return source
 
 
 def _short(names: list[str], n: int = 8) -> str:
