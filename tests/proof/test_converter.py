@@ -279,6 +279,7 @@ def test_the_series_adds_no_converter_flags_no_modelbase_state_and_no_mla_except
     assert any("class K3DSparkModel" in ln for ln in added["conversion/deepseek.py"])
 
 
+@pytest.mark.slow      # with the table, the contract test already sees it dropped
 def test_embed_tokens_is_dropped_whether_or_not_the_checkpoint_has_it(tree, tmp_path):
     cfg = k3_dspark_config()
     names = {}
