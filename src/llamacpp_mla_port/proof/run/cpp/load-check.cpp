@@ -60,7 +60,8 @@ static void emit(size_t i, bool ok, const char * stage, const std::string & msg)
 struct ctx_guard { llama_context * ctx = nullptr; ~ctx_guard() { if (ctx) llama_free(ctx); } };
 
 // returns the stage that failed ("" when the draft was accepted)
-static const char * check_draft(const std::string & path, llama_model * model_tgt, int threads, std::string & why) {
+static const char * check_draft(const std::string & path, llama_model * model_tgt, int threads, const std::string & log_path,
+        std::string & why) {
     const int32_t n_ctx = 256;
     ctx_guard tgt{llama_init_from_model(model_tgt, context_params(n_ctx, n_ctx, threads))};
     if (!tgt.ctx) {
@@ -74,7 +75,6 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
     params.n_ctx = params.n_batch = params.n_ubatch = n_ctx;
     params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads;
     params.speculative.draft.mparams.path = path;
-    const std::string log_path = path + ".load-check.log";
     common_log_set_file(common_log_main(), log_path.c_str());
     auto init = common_speculative_init_from_params(params, model_tgt, tgt.ctx);
     common_log_flush(common_log_main());
@@ -82,7 +82,6 @@ static const char * check_draft(const std::string & path, llama_model * model_tg
     for (std::string line; std::getline(log_in, line);) {
         why = line.find("does not fit") != std::string::npos ? "the draft " + line.substr(line.find("does not fit")) : why;
     }
-    std::remove(log_path.c_str());
     llama_model * model_dft = init->model();
     llama_context * dft_ctx = init->context();
     if (!model_dft || !dft_ctx) {
@@ -229,6 +228,8 @@ int main(int argc, char ** argv) {
         return 2;
     }
     session.keep(model_tgt);
+    // common's log of each pairing (its refusal reason), beside the list: the caller's work dir
+    const std::string log_path = list + ".common.log";
 
     for (size_t i = 0; i < drafts.size(); ++i) {
         std::printf("BEGIN\t%zu\n", i);
@@ -236,10 +237,11 @@ int main(int argc, char ** argv) {
         g_errors.clear();
         std::string why;
         alarm(seconds);
-        const char * stage = check_draft(drafts[i], model_tgt, threads, why);
+        const char * stage = check_draft(drafts[i], model_tgt, threads, log_path, why);
         alarm(0);
         const bool ok = stage[0] == '\0';
         emit(i, ok, ok ? "-" : stage, ok ? "" : (g_errors.empty() ? why : g_errors + " | " + why));
     }
+    std::remove(log_path.c_str());
     return 0;
 }
