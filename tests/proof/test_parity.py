@@ -12,6 +12,7 @@ import pytest
 
 from llamacpp_mla_port.proof import parity
 from llamacpp_mla_port.proof.reference.model import DraftReference, read_target_head
+from llamacpp_mla_port.proof.reference.transformers_oracle import ORACLE_BOUND, ORACLE_BOUND_32K
 from llamacpp_mla_port.proof.run.draft_logits import run_draft_logits
 from llamacpp_mla_port.proof.run.programs import compile_program
 
@@ -203,69 +204,12 @@ def test_kq_scale_follows_deepseek2_at_two_yarn_attn_factors(patched_tree, llama
 
 
 # --- the transformers oracle (issue 55): an implementation nobody here wrote ----------------
-
-#: NMSE bounds of our float64 reference and llama.cpp F32 against transformers' oracle (docs/bounds.md,
-#: oracle rows), as built (q_a/kv_a norms at eps 1e-6, the config says 1e-5) or with those norms at
-#: the config's eps: positions up to 1300 (worst measured 4.9e-10), and around 32.9K (slow test: 2.9e-7,
-#: float32 RoPE angles in transformers and in ggml)
-ORACLE_BOUND, ORACLE_BOUND_32K = 5e-9, 3e-6
-#: llama.cpp's reduced precisions against the oracle: what the precision costs (the mode's cost bound)
-ORACLE_MODE_BOUND = {m.name: (ORACLE_BOUND if m.cost_bound is None else m.cost_bound) for m in parity.MODES}
-#: the oracle with a known mistake, against our reference (the gross ones >= 100x over ORACLE_BOUND)
-ORACLE_CONTROLS = {"causal_block": ({}, {"causal": True}),
-                   "no_mscale_all_dim": ({"rope_scaling": {"mscale_all_dim": 0.0}}, {}),
-                   "neox_rotation": ({"rope_interleave": False}, {}), "kq_scale_1pct": ({}, {})}
-
-
-def oracle_figures(parity_work, token_embd, lm_head, target_gguf) -> dict:
-    """Per mode, the worst NMSE over every shape and case of the parity matrix: our float64
-    reference and llama.cpp's run (read back from the matrix's folders, inputs found again from
-    their seeds) against the oracle, as built and with its latent norms at the config's eps;
-    per control the smallest NMSE of the wrong oracle against our reference (F32 cases)."""
-    from llamacpp_mla_port.proof.reference.transformers_oracle import TransformersOracle
-    from llamacpp_mla_port.proof.run.draft_logits import load_outputs
-
-    table, ctl, seen = {}, {}, {}
-    for pcfg in parity.PARITY_CONFIGS:
-        for weights in ("float32", "bfloat16"):
-            ckpt = parity_work / f"{pcfg.name}-{weights}" / "checkpoint"
-            ref = DraftReference.load(ckpt, target_gguf)
-            oracles = {"as_built": TransformersOracle.load(ckpt, token_embd, lm_head),
-                       "aligned": TransformersOracle.load(ckpt, token_embd, lm_head, latent_norm_eps=ref.config.eps)}
-            wrong = {name: TransformersOracle.load(ckpt, token_embd, lm_head, **changes)
-                     for name, (changes, _) in ORACLE_CONTROLS.items()} if weights == "float32" else {}
-            for layer in (wrong["kq_scale_1pct"].layers if wrong else ()):
-                layer.self_attn.scaling *= 1.01
-            for mode in (m for m in parity.MODES if m.weights == weights and not m.unsupported(pcfg.overrides)):
-                row = table.setdefault(mode.name, {})
-                for ci, (pos0, n_ctx) in enumerate(mode.cases):
-                    run = parity_work / "runs" / pcfg.name / mode.name / f"case{ci}"
-                    got = load_outputs(run)
-                    feats, ids = parity.case_inputs(ref, pcfg, 0, ci, n_ctx, token_embd.shape[0])
-                    feats = np.load(run / "features.npy").astype(np.float64)      # what llama.cpp was given
-                    key, positions = (pcfg.name, weights, ci, pos0, n_ctx), pos0 + np.arange(n_ctx)
-                    if key not in seen:      # the same inputs recur across modes: forward them once
-                        seen[key] = (ref.forward(feats, ids, ctx_positions=positions),
-                                     {n: o.forward(feats, ids, ctx_positions=positions) for n, o in oracles.items()})
-                    want, outs = seen[key]
-                    for name, oracle in oracles.items():
-                        for who, res in (("reference", want), ("llama", got)):
-                            forced = outs[name] if np.array_equal(res.chain, outs[name].chain) else \
-                                oracle.forward(feats, ids, ctx_positions=positions, chain=res.chain)
-                            figure = parity.compare(res, outs[name], forced)["worst_nmse"]
-                            row[f"{who}_vs_{name}"] = max(row.get(f"{who}_vs_{name}", 0.0), figure)
-                    for cname, oracle in (wrong.items() if mode.name == "f32" else ()):
-                        out = oracle.forward(feats, ids, ctx_positions=positions, chain=want.chain,
-                                             **ORACLE_CONTROLS[cname][1])
-                        ctl[cname] = min(ctl.get(cname, np.inf), parity.compare(out, want)["worst_nmse"])
-    return {"modes": table, "controls": ctl}
-
+# `smoke` runs it against the parity matrix (transformers_oracle.oracle_figures); its bounds and
+# controls: docs/bounds.md, oracle rows
 
 @pytest.fixture(scope="module")
-def oracle_run(parity_work, target):
-    """The oracle against the matrix that the whole proof ran (a few seconds: no llama.cpp run)."""
-    embd, head = read_target_head(target)
-    figures = oracle_figures(parity_work, embd, head, target)
+def oracle_run(smoke_run):
+    figures = smoke_run.report["oracle"]
     print("\nworst NMSE against transformers' oracle (as built / latent norms at the config's eps):")
     for mode, row in figures["modes"].items():
         print(f"  {mode:<11} reference {row['reference_vs_as_built']:.2e} / {row['reference_vs_aligned']:.2e}   "
@@ -280,7 +224,8 @@ def test_oracle_agrees_with_reference_and_llama_cpp(oracle_run):
     for mode, row in modes.items():
         for built in ("as_built", "aligned"):
             assert row[f"reference_vs_{built}"] <= ORACLE_BOUND, (mode, row)
-            assert row[f"llama_vs_{built}"] <= ORACLE_MODE_BOUND[mode], (mode, row)
+            assert row[f"llama_vs_{built}"] <= oracle_run["bounds"][mode], (mode, row)
+    assert not oracle_run["problems"]
     # transformers' q_a/kv_a norms at eps 1e-6 are the one difference in function: at the config's
     # eps the short-context F32 cases agree 10x closer (what is left there: its float32 RoPE angles)
     f32 = modes["f32"]

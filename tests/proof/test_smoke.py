@@ -25,7 +25,7 @@ def report(smoke_run):
 
 def test_smoke_passes_every_stage(report):
     assert report["ok"] is True
-    assert set(report["stages"]) >= {"parity", "target", "lossless"}
+    assert set(report["stages"]) >= {"parity", "oracle", "target", "lossless"}
     assert all(stage["ok"] for stage in report["stages"].values()), report["stages"]
 
 
@@ -98,6 +98,9 @@ def test_speculative_decoding_is_lossless_with_partial_acceptance(report):
         assert {(fa, conf) for _, fa, conf in bigram} == {(fa, conf) for fa in (False, True)
                                                           for conf in (False, True)}, (program, bigram)
         assert any(prog == program and draft == "random" for prog, draft, *_ in seen), program
+    # the chains the real loops drafted follow the Markov head (fed the previous token, not MASK)
+    chain = report["lossless"]["chain"]
+    assert chain["checked"] >= 100 and chain["n_breaks"] == 0, chain
 
 
 @pytest.mark.slow
@@ -109,3 +112,47 @@ def test_the_full_smoke_runs_every_lossless_combination(full_smoke_run):
             for fa in (False, True) for conf in (False, True)}
     want |= {(prog, "random", k, False, False) for prog in ("simple", "server") for k in (3, 7)}
     assert seen == want
+
+
+@pytest.mark.slow
+def test_every_loop_drafts_the_same_chains_at_every_batch_size(smoke_run, patched_tree, llama_build, tmp_path):
+    """The bigram draft (length 7) on one prompt it learned: llama-speculative-simple at -ub/-b 9 (the
+    smallest a block of 8 allows), 64, 512 and 9/512, llama-server with 1 slot at -ub 9 and 512 and 4
+    slots (4 equal requests in flight) at -ub 32 (four blocks of 8 in one ubatch; less is refused) and
+    512. Every chain any loop drafted follows the Markov table; step by step every run of a program and
+    every slot drafted the same chains (a last step may be cut short by -n) and accepted as many. The
+    server drafts first one token later than llama-speculative-simple, so their steps differ."""
+    from llamacpp_mla_port.proof import lossless
+
+    work = smoke_run.work / "lossless"
+    pair = lossless.prepare_pair(patched_tree, llama_build, work, smoke_run.work / "kimi-k3-target.gguf")
+    prompt, draft = pair.prompts[0], pair.drafts["bigram"]
+    logs: dict[str, dict[str, str]] = {"simple": {}, "server": {}}
+    accepted: dict[str, set[int]] = {"simple": set(), "server": set()}
+    for ub, b in ((9, 9), (64, 64), (512, 512), (9, 512)):
+        run = lossless.speculative_simple(llama_build, pair.target, draft, prompt, 7, True, 0.0,
+                                          extra=("-ub", ub, "-b", b, "-lv", "5"))
+        assert lossless.same_greedy_output(run.text, pair.alone[prompt][0]), (ub, b, run.text)
+        logs["simple"][f"-ub {ub} -b {b}"] = run.log
+        accepted["simple"].add(run.n_accepted)
+    for n_par, ub, b in ((1, 9, 9), (1, 512, 512), (4, 32, 32), (4, 512, 512)):
+        path = tmp_path / f"server-{n_par}-{ub}.log"
+        with lossless.Server(llama_build, pair.target, draft, 7, True, 0.0, path, parallel=n_par,
+                             extra=["-ub", str(ub), "-b", str(b), "-lv", "5"]) as srv:
+            answers = srv.complete_all([prompt] * n_par, lossless.N_PREDICT, parallel=n_par)
+        assert all(lossless.same_greedy_output(a["content"], pair.alone[prompt][1]) for a in answers), answers
+        accepted["server"] |= {a["timings"]["draft_n_accepted"] for a in answers}
+        logs["server"][f"-np {n_par} -ub {ub} -b {b}"] = path.read_text(errors="replace")
+    print("\naccepted per program:", accepted)
+    for program, runs in logs.items():
+        assert len(accepted[program]) == 1 and min(accepted[program]) > 0, (program, accepted)
+        steps = {}
+        for name, log in runs.items():
+            checked, breaks = lossless.chain_breaks(log, pair.bigrams)
+            assert checked > 0 and not breaks, (program, name, breaks)
+            steps.update({f"{name} seq {seq}": chains for seq, chains in lossless.drafted_chains(log).items()})
+        first = next(iter(steps.values()))
+        for name, chains in steps.items():
+            assert abs(len(chains) - len(first)) <= 1, (program, name, len(chains), len(first))
+            for i, (a, c) in enumerate(zip(first, chains)):
+                assert a[:len(c)] == c[:len(a)], (program, name, i, a, c)

@@ -84,6 +84,34 @@ def speculative_simple(build: Path, target: Path, draft: Path, prompt: str, draf
                    proc.seconds, err)
 
 
+#: common's debug line for each drafted token (-lv 5): the sequence, its position, the token
+DRAFTED = re.compile(r"seq_id (\d+), draft candidate\s+0, pos\s+(\d+):\s+(-?\d+)")
+
+
+def drafted_chains(log: str) -> dict[int, list[list[int]]]:
+    """Each sequence's drafted chains in order, from a -lv 5 log."""
+    chains: dict[int, list[list[int]]] = {}
+    last: dict[int, int] = {}
+    for seq, pos, tok in (map(int, m.groups()) for m in DRAFTED.finditer(log)):
+        if pos <= last.get(seq, -1) or seq not in chains:       # a new draft of this sequence
+            chains.setdefault(seq, []).append([])
+        chains[seq][-1].append(tok)
+        last[seq] = pos
+    return chains
+
+
+def chain_breaks(log: str, table: dict[int, int]) -> tuple[int, list[str]]:
+    """Every drafted chain in a -lv 5 log against the Markov table the bigram draft was given: where
+    a token's predecessor in the chain has an entry, the token is that entry (strength 40 outweighs
+    the base logits). (positions checked, the chains that break it)."""
+    checked, breaks = 0, []
+    for chain in (c for chains in drafted_chains(log).values() for c in chains):
+        known = [(a, b) for a, b in zip(chain, chain[1:]) if a in table]
+        checked += len(known)
+        breaks += [str(chain)] if any(table[a] != b for a, b in known) else []
+    return checked, breaks
+
+
 def same_greedy_output(spec_text: str, alone_text: str) -> bool:
     """Equal, allowing the speculative run to overshoot -n (it may emit up to the draft length more)."""
     return spec_text.startswith(alone_text)
@@ -250,7 +278,11 @@ class LosslessPair:
     drafts: dict[str, Path]            # "bigram" (partly accepted), "random" (acceptance ~0), "bigram-blocks"
     prompts: list[str]
     alone: dict[str, tuple[str, str]]  # prompt -> (llama-simple's text, the continuation's text)
-    bigram_entries: int
+    bigrams: dict[int, int]            # the bigram draft's Markov table: prev -> next
+
+    @property
+    def bigram_entries(self) -> int:
+        return len(self.bigrams)
 
 
 def prepare_pair(tree: Path, build: Path, work: Path, base_target: Path, n_prompts: int = 20,
@@ -286,7 +318,7 @@ def prepare_pair(tree: Path, build: Path, work: Path, base_target: Path, n_promp
             raise ProofError(f"llama-simple's greedy text for {p!r} differs from the target's greedy ids",
                              hint=f"{text!r} vs {render(s)!r}")
         alone[p] = (text, render(s[n:]))
-    return LosslessPair(target, drafts, prompts, alone, len(bigrams))
+    return LosslessPair(target, drafts, prompts, alone, bigrams)
 
 
 def _matrix(draft_lengths, p_min_on: float):
@@ -322,6 +354,12 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
                     "speculative_simple": [], "server": [], "placement": " ".join(map(str, extra)) or "default",
                     "every_combination": every_combination}
     mismatches: list[str] = []
+    chain: tuple[int, list[str]] = (0, [])      # the bigram drafts' chains as the loops drafted them
+
+    def check_chain(log: str) -> None:
+        nonlocal chain
+        checked, breaks = chain_breaks(log, pair.bigrams)
+        chain = (chain[0] + checked, chain[1] + breaks)
     # the bigram draft runs the whole matrix; the random one (acceptance ~0) a corner of it
     combos = _matrix if every_combination else _covering
     plan = [("bigram", c) for c in combos(draft_lengths, p_min_on)]
@@ -331,7 +369,10 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
         """speculative-simple on every prompt: (identical, drafted, accepted); mismatches listed."""
         drafted = accepted = ok = 0
         for p in prompts:
-            r = speculative_simple(build, target, draft, p, k, fa, p_min, threads=threads, extra=args)
+            r = speculative_simple(build, target, draft, p, k, fa, p_min, threads=threads,
+                                   extra=(*args, "-lv", "5"))
+            if "bigram" in label:
+                check_chain(r.log)
             drafted += r.n_drafted
             accepted += r.n_accepted
             if same_greedy_output(r.text, alone[p][0]):
@@ -363,12 +404,15 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
                 f"{row['f16_accepted']})")
     if server:
         for dname, (k, fa, p_min) in plan:
-            srv = Server(build, target, drafts[dname], k, fa, p_min,
-                         work / f"server-{dname}-k{k}-fa{int(fa)}-p{p_min}.log", threads=threads, extra=list(extra))
+            log_path = work / f"server-{dname}-k{k}-fa{int(fa)}-p{p_min}.log"
+            srv = Server(build, target, drafts[dname], k, fa, p_min, log_path, threads=threads,
+                         extra=[*extra, "-lv", "5"])
             try:
                 results = srv.complete_all(prompts, N_PREDICT)
             finally:
                 srv.close()
+            if dname == "bigram":
+                check_chain(log_path.read_text(errors="replace"))
             ok = drafted = accepted = 0
             for p, res in zip(prompts, results):
                 text, want = res.get("content", ""), alone[p][1]
@@ -384,6 +428,7 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
                                      "accepted": accepted})
             log(f"lossless server(-np 2) {dname} k={k} fa={'on' if fa else 'off'} p_min={p_min}: "
                 f"{ok}/{len(prompts)} identical, drafted {drafted}, accepted {accepted}")
+    report["chain"] = {"checked": chain[0], "n_breaks": len(chain[1]), "breaks": chain[1][:5]}
     report["mismatches"] = mismatches[:20]
     report["n_mismatches"] = len(mismatches)
     report["seconds"] = round(time.monotonic() - t0, 1)

@@ -8,10 +8,13 @@ Stages (each is recorded in the report; a failing stage fails the run, later sta
   parity     proof.parity: 3 draft shapes x 5 precision modes against the float64 reference (F32)
              and the reference emulating the CPU backend's roundings (the others); per mode the
              headroom of its bound on this machine (report["parity_modes"])
+  oracle     transformers' DeepSeek-V3 modules wired as the draft (reference.transformers_oracle)
+             against our reference and llama.cpp's run of every parity case
   target     proof.target_features: the Kimi-K3 layer inputs == the block-local prefix stream
   lossless   proof.lossless: llama-speculative-simple and llama-server (-np 2) == target alone,
              draft lengths 1/3/7 x flash attention x p_min (--quick: each length and each
-             flash attention / p_min pair once, 5 runs of each program instead of 14)
+             flash attention / p_min pair once, 5 runs of each program instead of 14); the tokens
+             both loops drafted (-lv 5) follow the bigram draft's Markov table
 The tree and build default to the tool's work tree; MLA_PORT_TREE / MLA_PORT_BUILD
 (or --tree/--build-dir) point elsewhere.
 """
@@ -131,6 +134,10 @@ def run_smoke(where: Build, work: Path | None = None, no_build: bool = False, se
                                       "modes": parity.report["modes"]}
             if not parity.passed:
                 stages.fail("parity", "a parity case is over its threshold")
+            from llamacpp_mla_port.proof.reference.transformers_oracle import oracle_figures
+            report["oracle"] = stages.run("oracle", lambda: oracle_figures(work / "parity", target))
+            if report["oracle"] and report["oracle"]["problems"]:
+                stages.fail("oracle", "; ".join(report["oracle"]["problems"][:3]))
 
         report["target_side"] = stages.run("target", lambda: target_side_check(tree, build, work, target))
 
@@ -145,6 +152,8 @@ def run_smoke(where: Build, work: Path | None = None, no_build: bool = False, se
                 stages.fail("lossless", f"{lossless['n_mismatches']} outputs differ from the target alone")
             elif bigram_accepted == 0:
                 stages.fail("lossless", "the bigram draft was never accepted: acceptance and rollback untested")
+            elif lossless["chain"]["n_breaks"] or not lossless["chain"]["checked"]:
+                stages.fail("lossless", f"drafted chains that do not follow the Markov head: {lossless['chain']}")
 
     report["ok"] = stages.ok
     report["seconds"] = round(time.monotonic() - started, 1)

@@ -132,3 +132,68 @@ class TransformersOracle:
             hidden = self.final_norm(h).numpy()
         base = hidden @ self.lm_head.T
         return self.heads._heads(context.numpy(), [], hidden, base, base, block_ids, chain)
+
+
+# ------------------------------------------------------------------ the oracle against the parity matrix
+#: NMSE bounds of our float64 reference and llama.cpp F32 against the oracle (docs/bounds.md, oracle
+#: rows), as built or with its latent norms at the config's eps: positions up to 1300 (worst measured
+#: 4.9e-10), and around 32.9K (test-slow: 2.9e-7, float32 RoPE angles in transformers and in ggml)
+ORACLE_BOUND, ORACLE_BOUND_32K = 5e-9, 3e-6
+#: the oracle with a known mistake, against our reference (the gross ones >= 100x over ORACLE_BOUND)
+ORACLE_CONTROLS = {"causal_block": ({}, {"causal": True}),
+                   "no_mscale_all_dim": ({"rope_scaling": {"mscale_all_dim": 0.0}}, {}),
+                   "neox_rotation": ({"rope_interleave": False}, {}), "kq_scale_1pct": ({}, {})}
+
+
+def oracle_figures(parity_work: Path, target_gguf: Path) -> dict:
+    """Per mode, the worst NMSE over every shape and case of the parity matrix in `parity_work`: our
+    float64 reference and llama.cpp's run (read back from the matrix's folders) against the oracle,
+    as built and with its latent norms at the config's eps; per control the smallest NMSE of the wrong
+    oracle against our reference (F32 cases); `problems` lists every figure over its bound."""
+    from llamacpp_mla_port.proof import parity
+    from llamacpp_mla_port.proof.reference.model import read_target_head
+    from llamacpp_mla_port.proof.run.draft_logits import load_outputs
+
+    token_embd, lm_head = read_target_head(target_gguf)
+    table, ctl, seen = {}, {}, {}
+    for pcfg in parity.PARITY_CONFIGS:
+        for weights in ("float32", "bfloat16"):
+            ckpt = Path(parity_work) / f"{pcfg.name}-{weights}" / "checkpoint"
+            ref = DraftReference.load(ckpt, target_gguf)
+            oracles = {"as_built": TransformersOracle.load(ckpt, token_embd, lm_head),
+                       "aligned": TransformersOracle.load(ckpt, token_embd, lm_head, latent_norm_eps=ref.config.eps)}
+            wrong = {name: TransformersOracle.load(ckpt, token_embd, lm_head, **changes)
+                     for name, (changes, _) in ORACLE_CONTROLS.items()} if weights == "float32" else {}
+            for layer in (wrong["kq_scale_1pct"].layers if wrong else ()):
+                layer.self_attn.scaling *= 1.01
+            for mode in (m for m in parity.MODES if m.weights == weights and not m.unsupported(pcfg.overrides)):
+                row = table.setdefault(mode.name, {})
+                for ci, (pos0, n_ctx) in enumerate(mode.cases):
+                    run = Path(parity_work) / "runs" / pcfg.name / mode.name / f"case{ci}"
+                    got = load_outputs(run)
+                    _, ids = parity.case_inputs(ref, pcfg, 0, ci, n_ctx, token_embd.shape[0])
+                    feats = np.load(run / "features.npy").astype(np.float64)      # what llama.cpp was given
+                    key, positions = (pcfg.name, weights, ci, pos0, n_ctx), pos0 + np.arange(n_ctx)
+                    if key not in seen:      # the same inputs recur across modes: forward them once
+                        seen[key] = (ref.forward(feats, ids, ctx_positions=positions),
+                                     {n: o.forward(feats, ids, ctx_positions=positions) for n, o in oracles.items()})
+                    want, outs = seen[key]
+                    for name, oracle in oracles.items():
+                        for who, res in (("reference", want), ("llama", got)):
+                            forced = outs[name] if np.array_equal(res.chain, outs[name].chain) else \
+                                oracle.forward(feats, ids, ctx_positions=positions, chain=res.chain)
+                            figure = parity.compare(res, outs[name], forced)["worst_nmse"]
+                            row[f"{who}_vs_{name}"] = max(row.get(f"{who}_vs_{name}", 0.0), figure)
+                    for cname, oracle in (wrong.items() if mode.name == "f32" else ()):
+                        out = oracle.forward(feats, ids, ctx_positions=positions, chain=want.chain,
+                                             **ORACLE_CONTROLS[cname][1])
+                        ctl[cname] = min(ctl.get(cname, np.inf), parity.compare(out, want)["worst_nmse"])
+    # llama.cpp's reduced precisions against the oracle: what the precision costs (the mode's cost bound)
+    bound = {m.name: ORACLE_BOUND if m.cost_bound is None else m.cost_bound for m in parity.MODES}
+    problems = [f"{mode}: {key} {v:.2e} over {ORACLE_BOUND if key.startswith('reference') else bound[mode]:.0e}"
+                for mode, row in table.items() for key, v in row.items()
+                if v > (ORACLE_BOUND if key.startswith("reference") else bound[mode])]
+    problems += [f"control {name} {ctl.get(name, 0.0):.2e} under {f * ORACLE_BOUND:.0e}"
+                 for name, f in (("causal_block", 100), ("no_mscale_all_dim", 100), ("neox_rotation", 100),
+                                 ("kq_scale_1pct", 1)) if not ctl.get(name, 0.0) > f * ORACLE_BOUND]
+    return {"modes": table, "controls": ctl, "bounds": bound, "problems": problems}
