@@ -166,23 +166,28 @@ def test_a_small_ubatch_is_refused_with_the_reason_never_aborted(llama_build, mo
 
 def test_a_batch_that_cannot_hold_every_slots_draft_is_refused_by_the_server(llama_build, models):
     """llama-server -np 4 -b 8 with a draft of 3: four slots drafting in one step need 16 places (the
-    pin aborts in GGML_ASSERT(add_ok) or in the draft's get_sub_batch); now refused at load.
-    -b 16 answers four requests at once."""
+    pin aborts in GGML_ASSERT(add_ok) or in the draft's get_sub_batch); -b 16 -ub 8: the draft's four
+    blocks attend non-causally and need one ubatch of 16 (the pin aborts in llama_context::decode);
+    both now refused at load. -ub = -b 16 answers four requests at once."""
     from llamacpp_mla_port.proof.lossless import Server
+    refusals = {("8", "8"): "n_batch = 8 cannot hold the sampled token and a draft of 3 for each of 4 slots: "
+                            "use -b >= 16",
+                ("8", "16"): "n_ubatch = 8 cannot hold the DFlash draft blocks of 4 slots at once (a draft of 3 "
+                             "each): use -ub >= 16"}
     for name in ("fits", "qwen3-fits"):
         draft = models["drafts"]["fits"] if name == "fits" else _qwen3_fits(models)
-        log = models["dir"] / f"share-{name}.log"
-        srv = Owned([llama_build / "bin" / "llama-server", "-m", models["target"], "-md", draft, "--spec-type",
-                     "draft-dspark", "--spec-draft-n-max", "3", "--host", LOCALHOST, "--port", str(free_port()), "-np",
-                     "4", "-c", "512", "-t", "1", "--no-webui", "-ub", "8", "-b", "8"], log, env=ENV,
-                    name="llama-server")
-        try:
-            rc = srv.wait(120)
-        finally:
-            srv.stop()
-        text = log.read_text(errors="replace")
-        assert rc == 1 and "n_batch = 8 cannot hold the sampled token and a draft of 3 for each of 4 slots: " \
-            "use -b >= 16" in text and "GGML_ASSERT" not in text, text[-3000:]
+        for (ub, b), said in refusals.items():
+            log = models["dir"] / f"share-{name}-{ub}-{b}.log"
+            srv = Owned([llama_build / "bin" / "llama-server", "-m", models["target"], "-md", draft, "--spec-type",
+                         "draft-dspark", "--spec-draft-n-max", "3", "--host", LOCALHOST, "--port", str(free_port()),
+                         "-np", "4", "-c", "512", "-t", "1", "--no-webui", "-ub", ub, "-b", b], log, env=ENV,
+                        name="llama-server")
+            try:
+                rc = srv.wait(120)
+            finally:
+                srv.stop()
+            text = log.read_text(errors="replace")
+            assert rc == 1 and said in text and "GGML_ASSERT" not in text, text[-3000:]
         srv = Server(llama_build, models["target"], draft, 3, True, 0.0, models["dir"] / f"share16-{name}.log",
                      parallel=4, threads=1, extra=["-ub", "16", "-b", "16"], env=ENV)
         try:
