@@ -164,6 +164,33 @@ def test_a_small_ubatch_is_refused_with_the_reason_never_aborted(llama_build, mo
     assert rc == 1 and UBATCH in text and "GGML_ASSERT" not in text, text[-3000:]
 
 
+def test_auto_stops_drafting_a_draft_the_target_never_accepts(llama_build, models):
+    """--spec-draft-auto (spec-auto-length) with a random draft the target does not accept: over 64
+    tokens llama-speculative-simple drafts under a quarter of what a static draft of 4 drafts, and
+    llama-server (one slot, four requests in a row) drafts in the first request, then at most one
+    probe token per request (a probe every 16 steps without a draft, 32, 64 after rejected ones)."""
+    from llamacpp_mla_port.proof.lossless import Server
+    draft = models["drafts"]["fits"]
+    drafted = {}
+    for name, extra in (("static", ()), ("auto", ("--spec-draft-auto",))):
+        for _ in range(3):      # common's asynchronous logger may still hold the statistics at exit
+            proc = speculative_simple(llama_build, models["target"], draft,
+                                      extra=("-n", "64", "--spec-draft-n-max", "4", *extra))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            if "n_accept" in proc.stderr + proc.stdout:
+                break
+        drafted[name] = int(re.search(r"n_drafted\s*=\s*(\d+)", proc.stderr + proc.stdout).group(1))
+        accepted = int(re.search(r"n_accept\s*=\s*(\d+)", proc.stderr + proc.stdout).group(1))
+        assert accepted <= drafted[name] // 10, (name, accepted, drafted)
+    print("\nllama-speculative-simple, 64 tokens, drafted:", drafted)
+    assert drafted["static"] >= 100 and 0 < drafted["auto"] < drafted["static"] / 4, drafted
+    with Server(llama_build, models["target"], draft, 4, True, 0.0, models["dir"] / "auto.log", parallel=1,
+                threads=1, extra=["--spec-draft-auto"], env=ENV) as srv:
+        per_request = [srv.complete("hello world", 48)["timings"].get("draft_n", 0) for _ in range(4)]
+    print("llama-server, four requests of 48 tokens, drafted:", per_request)
+    assert per_request[0] > 0 and all(n <= 1 for n in per_request[1:]), per_request
+
+
 def test_a_batch_that_cannot_hold_every_slots_draft_is_refused_by_the_server(llama_build, models):
     """llama-server -np 4 -b 8 with a draft of 3: four slots drafting in one step need 16 places (the
     pin aborts in GGML_ASSERT(add_ok) or in the draft's get_sub_batch); -b 16 -ub 8: the draft's four

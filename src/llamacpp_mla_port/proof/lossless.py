@@ -364,6 +364,9 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
     combos = _matrix if every_combination else _covering
     plan = [("bigram", c) for c in combos(draft_lengths, p_min_on)]
     plan += [("random", (k, False, 0.0)) for k in draft_lengths[-2 if every_combination else -1:]]
+    # --spec-draft-auto (spec-auto-length) up to the longest length: "-auto" names those runs
+    plan += [(f"{d}-auto", (draft_lengths[-1], True, 0.0)) for d in MATRIX_DRAFTS]
+    auto = {d: ["--spec-draft-auto"] if d.endswith("-auto") else [] for d, _ in plan}
 
     def simple_over_prompts(draft: Path, k: int, fa: bool, p_min: float, label: str, args=extra):
         """speculative-simple on every prompt: (identical, drafted, accepted); mismatches listed."""
@@ -382,7 +385,8 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
         return ok, drafted, accepted
 
     for dname, (k, fa, p_min) in (plan if simple else []):
-        ok, drafted, accepted = simple_over_prompts(drafts[dname], k, fa, p_min, f"{dname} k={k} fa={fa} p_min={p_min}")
+        ok, drafted, accepted = simple_over_prompts(drafts[dname.removesuffix("-auto")], k, fa, p_min,
+                                                    f"{dname} k={k} fa={fa} p_min={p_min}", (*extra, *auto[dname]))
         report["speculative_simple"].append({"draft": dname, "draft_max": k, "flash_attn": fa, "p_min": p_min,
                                              "identical": ok, "of": len(prompts), "drafted": drafted,
                                              "accepted": accepted})
@@ -405,13 +409,13 @@ def run_lossless(tree: Path, build: Path, work: Path, base_target: Path, server:
     if server:
         for dname, (k, fa, p_min) in plan:
             log_path = work / f"server-{dname}-k{k}-fa{int(fa)}-p{p_min}.log"
-            srv = Server(build, target, drafts[dname], k, fa, p_min, log_path, threads=threads,
-                         extra=[*extra, "-lv", "5"])
+            srv = Server(build, target, drafts[dname.removesuffix("-auto")], k, fa, p_min, log_path, threads=threads,
+                         extra=[*extra, *auto[dname], "-lv", "5"])
             try:
                 results = srv.complete_all(prompts, N_PREDICT)
             finally:
                 srv.close()
-            if dname == "bigram":
+            if dname.startswith("bigram"):
                 check_chain(log_path.read_text(errors="replace"))
             ok = drafted = accepted = 0
             for p, res in zip(prompts, results):
