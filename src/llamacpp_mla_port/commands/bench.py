@@ -45,9 +45,8 @@ def run(args: argparse.Namespace, places) -> int:
         raise PortError(f"--baseline-build {args.baseline_build}: not a build dir (no bin/)",
                         hint="build the tree without the commit first, e.g. `llamacpp-mla-port build --tree "
                              "DIR --build-dir DIR-build` (docs/bench.md)")
-    report = run_bench(tree, build, out, threads=args.threads, repeats=args.repeats,
-                       reuse_models=args.reuse_models, stages=stages, baseline=args.baseline_build,
-                       root=places.root)
+    report = run_bench(tree, build, out, threads=args.threads, repeats=args.repeats, reuse_models=args.reuse_models,
+                       stages=stages, baseline=args.baseline_build, root=places.root)
     seconds = report["last_partial_run_seconds"] if stages else report["total_seconds"]
     print(f"report: {Path(out) / 'report.md'} ({seconds} s)")
     failed = [k for k, v in report["stages"].items() if not v["ok"]]

@@ -24,6 +24,5 @@ def run(args, places) -> int:
         from pygments.lexers import DiffLexer
         diff = highlight(diff, DiffLexer(), TerminalFormatter())
     sys.stdout.write(diff)
-    print("error: patches/ drifted from templates/: run `make patch` and commit patches/",
-          file=sys.stderr)
+    print("error: patches/ drifted from templates/: run `make patch` and commit patches/", file=sys.stderr)
     return 1

@@ -159,8 +159,7 @@ def add_source_args(parser: argparse.ArgumentParser) -> None:
 
 def options(args: argparse.Namespace, places: Places) -> Options:
     from llamacpp_mla_port.series.pipeline import Options
-    return Options(places, source=args.source,
-                   git_url=args.git_url, sdist_file=args.sdist_file, commit=args.commit)
+    return Options(places, source=args.source, git_url=args.git_url, sdist_file=args.sdist_file, commit=args.commit)
 
 
 # ------------------------------------------------------------------------ the proof's settings

@@ -68,7 +68,6 @@ def run(args, places) -> int:
                      f"{manifest['carried_total_bytes']:,} B of {manifest['carry_limit_bytes']:,}\n")
     if not args.dry_run:
         return 0
-    env = {**os.environ, "DRY_RUN": "1", "MLA_PYTHON": sys.executable,
-           "MLA_DEVICE_OUT": str(places.device_dry_out)}
+    env = {**os.environ, "DRY_RUN": "1", "MLA_PYTHON": sys.executable, "MLA_DEVICE_OUT": str(places.device_dry_out)}
     # its output shown as it comes; a cold build of the pruned tree and every stage, on this CPU
     return process.run(["bash", folder / "run.sh"], env=env, timeout=4 * 3600, capture=False).returncode

@@ -58,11 +58,10 @@ def run(args, places) -> int:
     if args.reference:
         from llamacpp_mla_port.proof.reference.model import DraftReference
         ref = DraftReference.load(args.reference, args.target)
-    got = run_draft_logits(binary, args.draft, args.target, args.features, tokens, args.out,
-                           ctx_pos0=args.ctx_pos0, block_pos0=args.block_pos0,
-                           flash_attn=args.flash_attn == "on", cache_type=args.cache_type, threads=args.threads,
-                           rpc=args.rpc, draft_devices=args.draft_devices, target_devices=args.target_devices,
-                           dump=stream_taps(ref.config.n_layers) if ref else ())
+    got = run_draft_logits(binary, args.draft, args.target, args.features, tokens, args.out, ctx_pos0=args.ctx_pos0,
+                           block_pos0=args.block_pos0, flash_attn=args.flash_attn == "on", cache_type=args.cache_type,
+                           threads=args.threads, rpc=args.rpc, draft_devices=args.draft_devices,
+                           target_devices=args.target_devices, dump=stream_taps(ref.config.n_layers) if ref else ())
     report = {"out": str(args.out), "chain": got.chain.tolist(),
               "confidence": None if got.confidence is None else got.confidence.tolist(),
               "kv_bytes_per_token": got.kv_bytes_per_token}

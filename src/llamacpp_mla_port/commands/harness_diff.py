@@ -53,8 +53,7 @@ def run(args, places) -> int:
         rs = stacks.render_stack(repo, series, series.stack(args.stack), base.sha, pin.tag, {"pin": pin})
         isas, ops = hd.stack_scope(stacks.diffstat(repo, base.sha, rs.head)["files"])
         report = hd.sweep(repo, root, args.stack, base.sha, rs.head, pin.short, listed(args.isa, isas),
-                          listed(args.ops, ops), archs=not args.no_archs, jobs=args.jobs, reuse=False,
-                          log=print)
+                          listed(args.ops, ops), archs=not args.no_archs, jobs=args.jobs, reuse=False, log=print)
     else:
         if not (places.work_tree / "CMakeLists.txt").is_file():
             print("error: no patched work tree: run `make patch` first", file=sys.stderr)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llamacpp_mla_port.commands.common import (PROOF_FLAGS, add_tree_args, old_spelling, parse_proof_args,
-                                               shared)
+from llamacpp_mla_port.commands.common import PROOF_FLAGS, add_tree_args, old_spelling, parse_proof_args, shared
 from llamacpp_mla_port.project import Places
 from llamacpp_mla_port.upstreaming.pr import PR_TARGETS, PrOptions, make_pr
 
@@ -31,8 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     shared(parser, "--jobs")
     parser.add_argument("--skip-build", action="store_true",
                         help="lint only: do not build each commit (the evidence says so)")
-    parser.add_argument("--skip-smoke", action="store_true",
-                        help="do not run the proof (the evidence says so)")
+    parser.add_argument("--skip-smoke", action="store_true", help="do not run the proof (the evidence says so)")
     parser.add_argument("--skip-evidence", action="store_true",
                         help="do not run the stacks' evidence commands (EVIDENCE.md says so)")
     parser.add_argument("--skip-upstream-checks", action="store_true",

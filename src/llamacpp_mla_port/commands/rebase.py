@@ -95,8 +95,7 @@ def _run_full_canary(args: argparse.Namespace, places: Places) -> int:
                                                       summary_lines)
     opts = CanaryOptions(onto=args.onto, places=places, git_url=args.git_url, tag=args.tag,
                          cmake_args=tuple(args.cmake_args), jobs=args.jobs, **proof_settings(args),
-                         baseline=args.baseline,
-                         build_stacks=args.build_stacks, prove=not args.no_proof)
+                         baseline=args.baseline, build_stacks=args.build_stacks, prove=not args.no_proof)
     out = sys.stderr if args.json else sys.stdout
 
     def progress(text: str) -> None:

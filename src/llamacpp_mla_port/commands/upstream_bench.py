@@ -66,8 +66,7 @@ def run(args, places) -> int:
     chosen = [series.stack(n) for n in args.stacks] or [st for st in series.stacks if st.bench]
     missing = [st.name for st in chosen if st.bench is None]
     if missing:
-        print(f"error: no [stacks.NAME.bench] table for {', '.join(missing)} in templates/port.toml",
-              file=sys.stderr)
+        print(f"error: no [stacks.NAME.bench] table for {', '.join(missing)} in templates/port.toml", file=sys.stderr)
         return 1
     for st in chosen:
         rs = stacks.render_stack(repo, series, st, base.sha, pin.tag, {"pin": pin})

@@ -19,13 +19,11 @@ from llamacpp_mla_port.build import ensure_build
 from llamacpp_mla_port.device import bundle
 from llamacpp_mla_port.device.backend import fallback_verdict
 from llamacpp_mla_port.device.context import CheckRun
-from llamacpp_mla_port.device.crossparity import run_cross_parity
+from llamacpp_mla_port.device.crossparity import cpu_parity, run_cross_parity
 from llamacpp_mla_port.device.judge import judge_cpu_mode
 from llamacpp_mla_port.device.profile import block_profile, group_bytes
 from llamacpp_mla_port.errors import DeviceCheckError
-from llamacpp_mla_port.fixtures.target_variants import target_with_layers
-from llamacpp_mla_port.proof.parity import MODES, PARITY_CONFIGS, run_parity
-from llamacpp_mla_port.proof.reference.model import read_target_head
+from llamacpp_mla_port.proof.parity import MODES, PARITY_CONFIGS
 from llamacpp_mla_port import process
 from llamacpp_mla_port.proof.splits import draft_graphs, fallback_report, node_ops, parse_sched_log
 
@@ -149,12 +147,8 @@ def _rebuild_llama(run: CheckRun) -> None:
 def overlay_parity(run: CheckRun) -> dict:
     """The broadcast build's graph proven before its time counts: on the CPU against float64 (the
     f32 mode's bound, first parity shape); on a GPU also like with like (device.crossparity)."""
-    target = run.fixtures / "kimi-k3-target.gguf"
-    embd, _ = read_target_head(target)
-    pdir, f32 = run.fixtures / "parity", tuple(m for m in MODES if m.name == "f32")
-    res = run_parity(run.tree, run.build, pdir, lambda h, v, n: target_with_layers(target, pdir, n),
-                     embd.shape[1], embd.shape[0], configs=PARITY_CONFIGS[:1], modes=f32,
-                     threads=min(run.threads, 4), log=run.log)
+    f32 = tuple(m for m in MODES if m.name == "f32")
+    res = cpu_parity(run, PARITY_CONFIGS[:1], f32)
     cpu = judge_cpu_mode(res.report["modes"]["f32"])
     out = {"config": PARITY_CONFIGS[0].name, "cpu": cpu, "ok": cpu["ok"] and bool(res.passed)}
     if run.cuda:

@@ -66,13 +66,11 @@ NOT_CHOSEN_WHY = {"vb-forms": "answered on 2026-12-04 (the series' form 7 % fast
 STAGE_NEEDS_S = {"fallback": 15, "archs": 10, "parity": 60, "realsize": 40, "host": 40, "threads": 30,
                  "vb-forms": 60, "lossless": 60}
 
-# ---------------------------------------------------------------------------------------
-# the pruned tree
+# ----------------------------------------------------------------------- the pruned tree
 
 #: top-level entries of the patched tree the check reads (CMake, sources, the converter)
-TREE_KEEP = ("CMakeLists.txt", "CMakePresets.json", "LICENSE", "licenses", "cmake", "common", "examples", "pocs",
-             "app", "ggml",
-             "include", "src", "tests", "tools", "vendor", "scripts", "gguf-py", "conversion",
+TREE_KEEP = ("CMakeLists.txt", "CMakePresets.json", "LICENSE", "licenses", "cmake", "common", "examples", "pocs", "app",
+             "ggml", "include", "src", "tests", "tools", "vendor", "scripts", "gguf-py", "conversion",
              "convert_hf_to_gguf.py", "requirements", "requirements.txt", "pyproject.toml")
 #: below those, what no configure or build of the check reads: other backends (their options
 #: are off), the web UI's sources (LLAMA_BUILD_UI is off), tests' data, benchmark outputs
@@ -160,8 +158,7 @@ def broadcast_dflash_source(text: str) -> str:
     return text.replace(SERIES_V_B, BROADCAST_V_B)
 
 
-# ---------------------------------------------------------------------------------------
-# wheels and sizes
+# ---------------------------------------------------------------------- wheels and sizes
 
 #: Python distributions the device lacks (its image has numpy, torch, safetensors,
 #: sentencepiece, pyyaml, tqdm, jinja2; not gguf, not GitPython: the check imports no git)
@@ -205,16 +202,11 @@ def travelling_tree_bytes(root: Path) -> int | None:
         listed = git.run(root, "ls-files", "-z", "-co", "--exclude-standard", timeout=120, text=False)
     except ProcessError:
         return None
-    total = 0
-    for n in listed.decode().split("\0"):
-        p = Path(root) / n
-        if n and p.is_file() and not p.is_symlink():
-            total += p.stat().st_size
-    return total
+    paths = [Path(root) / n for n in listed.decode().split("\0") if n]
+    return sum(p.stat().st_size for p in paths if p.is_file() and not p.is_symlink())
 
 
-# ---------------------------------------------------------------------------------------
-# prepare
+# ------------------------------------------------------------------------------- prepare
 
 def _copy_package(dest: Path) -> int:
     """This project's package source (the running one) into dest/llamacpp_mla_port."""
@@ -279,35 +271,22 @@ exec "$PY" -m llamacpp_mla_port device-check "${ARGS[@]}"
 
 def bundle_readme(manifest: dict) -> str:
     s = manifest["sizes"]
-    lines = [
-        "# The GPU check bundle (made by `make device-check`)",
-        "",
-        "Run it on a device machine with exactly this call (~9 minutes of device time):",
-        "",
-        "```",
-        DEVICE_CALL,
-        "```",
-        "",
-        "In priority order it builds the pruned patched tree with CUDA, checks that the draft's graphs",
-        "run on the GPU, judges parity like with like (the draft's GPU logits against its CPU logits,",
-        "bounded by what the same modes do to deepseek2's MLA, with gross controls), times the",
-        "real-size block against the HBM floor with a per-node profile, then describes the host CPU",
-        "(lscpu, AMX, the #18099 reproducer) and runs the CPU stacks' llama-bench rows at 16, 8, 4",
-        "and 1 threads; the CPU builds those need run in the background meanwhile. report.json,",
-        "report.md, logs.tar.gz and thread-rows.jsonl come back under $OUT; the reply's tail shows",
-        "the markdown report. A stage the budget could not fit is listed as not run: rerun those",
-        "at once, while the machine is warm (its builds in /tmp are reused), with the seconds left",
-        "(B, about what `status` gives minus a minute; STAGES as the report lists them):",
-        "",
-        "```",
-        SECOND_CALL,
-        "```",
-        "",
-        "On a CPU machine: `make device-check DRY_RUN=1` runs the same steps with CUDA off.",
-        "",
-        "| part | bytes |",
-        "|---|---|",
-    ]
+    lines = ["# The GPU check bundle (made by `make device-check`)", "",
+             "Run it on a device machine with exactly this call (~9 minutes of device time):", "",
+             "```", DEVICE_CALL, "```", "",
+             "In priority order it builds the pruned patched tree with CUDA, checks that the draft's graphs",
+             "run on the GPU, judges parity like with like (the draft's GPU logits against its CPU logits,",
+             "bounded by what the same modes do to deepseek2's MLA, with gross controls), times the",
+             "real-size block against the HBM floor with a per-node profile, then describes the host CPU",
+             "(lscpu, AMX, the #18099 reproducer) and runs the CPU stacks' llama-bench rows at 16, 8, 4",
+             "and 1 threads; the CPU builds those need run in the background meanwhile. report.json,",
+             "report.md, logs.tar.gz and thread-rows.jsonl come back under $OUT; the reply's tail shows",
+             "the markdown report. A stage the budget could not fit is listed as not run: rerun those",
+             "at once, while the machine is warm (its builds in /tmp are reused), with the seconds left",
+             "(B, about what `status` gives minus a minute; STAGES as the report lists them):", "",
+             "```", SECOND_CALL, "```", "",
+             "On a CPU machine: `make device-check DRY_RUN=1` runs the same steps with CUDA off.", "",
+             "| part | bytes |", "|---|---|"]
     for key, value in s.items():
         lines.append(f"| {key} | {value:,} |")
     lines.append("")
@@ -349,9 +328,8 @@ def prepare_bundle(tree: Path, build: Path, bundle: Path, templates_dir: Path, p
     except ProcessError:
         tree_head = ""              # not a git work tree
     sizes = {"llama.cpp.tar.gz": tar["bytes"], "variants": folder_bytes(bundle / "variants"),
-             "overlay": folder_bytes(bundle / "overlay"),
-             "wheels": folder_bytes(bundle / "wheels"), "src": pkg, "fixtures": fixtures["bytes"],
-             "run.sh": (bundle / "run.sh").stat().st_size}
+             "overlay": folder_bytes(bundle / "overlay"), "wheels": folder_bytes(bundle / "wheels"), "src": pkg,
+             "fixtures": fixtures["bytes"], "run.sh": (bundle / "run.sh").stat().st_size}
     manifest = {"tree": str(tree), "tree_head": tree_head, "build_used_for_fixtures": str(build),
                 "tree_tarball": tar, "wheels": wheels, "fixtures": fixtures, "sizes": sizes,
                 "device_call": DEVICE_CALL, "lossless_prompts": n_prompts}

@@ -7,7 +7,6 @@ priority), both paused while a stage times something (`CheckRun.quiet`).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -24,6 +23,7 @@ from llamacpp_mla_port.device.models import plan_jobs
 from llamacpp_mla_port.device.variants import STACK_STAGE
 from llamacpp_mla_port.errors import DeviceCheckError, PortError, ProcessError
 from llamacpp_mla_port.proof.run.processes import Owned
+from llamacpp_mla_port.source.obtain import file_sha256
 from llamacpp_mla_port.jsonfile import write_json
 from llamacpp_mla_port.stages import StageFailed, Stages
 
@@ -35,8 +35,7 @@ STAGE_FUNCS: dict[str, Callable] = {
 }
 
 
-# ---------------------------------------------------------------------------------------
-# setup
+# --------------------------------------------------------------------------------- setup
 
 def environment(run: CheckRun) -> None:
     env: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
@@ -59,15 +58,10 @@ def environment(run: CheckRun) -> None:
                                hint="run on the device machine, or DRY_RUN=1 for the CPU dry run")
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
 def unpack(run: CheckRun) -> None:
     """The bundle's tree and fixtures into the work folder (kept while it is the same tree)."""
     stamp, tarball = run.work / "unpacked.sha256", run.bundle / "llama.cpp.tar.gz"
-    if (run.tree / "CMakeLists.txt").is_file() and stamp.is_file() and stamp.read_text() == _sha256(tarball):
+    if (run.tree / "CMakeLists.txt").is_file() and stamp.is_file() and stamp.read_text() == file_sha256(tarball):
         return
     # another tree: a build of the old one would look newer than the sources (mtime 0)
     for stale in (run.tree, run.build, run.work / "cpu", run.work / "cpu-bins"):
@@ -76,7 +70,7 @@ def unpack(run: CheckRun) -> None:
     run.work.mkdir(parents=True, exist_ok=True)
     with tarfile.open(tarball) as tar:
         tar.extractall(run.work, filter="data")
-    stamp.write_text(_sha256(tarball))
+    stamp.write_text(file_sha256(tarball))
     if run.fixtures.exists():
         shutil.rmtree(run.fixtures)
     shutil.copytree(run.bundle / "fixtures", run.fixtures)
@@ -107,8 +101,7 @@ def start_builder(run: CheckRun) -> None:
     run.log(f"CPU builds: base, {', '.join(wanted)} in the background (nice 19)")
 
 
-# ---------------------------------------------------------------------------------------
-# the run
+# ------------------------------------------------------------------------------- the run
 
 def new_report(dry_run: bool, budget_s: float | None, threads: int, chosen) -> dict:
     """The report a run starts with (what it is, what it was asked for and what not)."""
@@ -130,8 +123,7 @@ def run_check(bundle_dir: Path, out: Path, work: Path, dry_run: bool, budget_s: 
     report = new_report(dry_run, budget_s, n, chosen)
     run = CheckRun(Path(bundle_dir).resolve(), Path(out).resolve(), Path(work).resolve(), dry_run, chosen, n, report,
                    log or (lambda m: (sys.stderr.write(m + "\n"), sys.stderr.flush())))
-    run.runner = Stages(report["stages"], log=lambda name, st: _ended(run, name, st), budget_s=budget_s,
-                        save=run.save)
+    run.runner = Stages(report["stages"], log=lambda name, st: _ended(run, name, st), budget_s=budget_s, save=run.save)
     try:
         environment(run)
         unpack(run)

@@ -27,11 +27,9 @@ from llamacpp_mla_port.proof.splits import cpu_fallbacks, draft_graphs, parse_sc
 from llamacpp_mla_port.errors import DeviceCheckError
 
 #: gross controls: a draft GGUF with one known mistake, as a converter or a graph could make it
-CONTROLS = {
-    "latent_rope_swapped": "the K row's two parts in the wrong order: attn_kv_a_mqa's rope rows first",
-    "k_b_v_b_swapped": "K's and V's per-head up-projections exchanged (shapes with qk_nope = v_head)",
-    "mscale_dropped": "YaRN's mscale^2 missing from the attention scale (yarn_log_multiplier 0)",
-}
+CONTROLS = {"latent_rope_swapped": "the K row's two parts in the wrong order: attn_kv_a_mqa's rope rows first",
+            "k_b_v_b_swapped": "K's and V's per-head up-projections exchanged (shapes with qk_nope = v_head)",
+            "mscale_dropped": "YaRN's mscale^2 missing from the attention scale (yarn_log_multiplier 0)"}
 _WEIGHTS = {"float32": "f32", "bfloat16": "bf16"}
 
 
@@ -82,8 +80,7 @@ def figure(got: DraftLogits, cpu: DraftLogits) -> dict:
     """NMSE of a device run's logits against the CPU's (module doc) and whether the chains agree."""
     differ = [k for k in range(len(cpu.chain)) if int(got.chain[k]) != int(cpu.chain[k])]
     upto = (differ[0] + 1) if differ else len(cpu.chain)
-    out = {"nmse_biased_logits": nmse(got.biased_logits[:upto], cpu.biased_logits[:upto]),
-           "chain_equal": not differ}
+    out = {"nmse_biased_logits": nmse(got.biased_logits[:upto], cpu.biased_logits[:upto]), "chain_equal": not differ}
     if got.base_logits is not None and cpu.base_logits is not None:
         out["nmse_base_logits"] = nmse(got.base_logits, cpu.base_logits)
     if got.confidence is not None and cpu.confidence is not None:
@@ -218,15 +215,18 @@ def parity_stage(run: CheckRun) -> bool:
                             threads=min(run.threads, 4), configs=configs, modes=modes, log=run.log)
     run.report["parity"] = {"like_with_like": like}
     run.save()
-    target = run.fixtures / "kimi-k3-target.gguf"
-    embd, _ = read_target_head(target)
-    pdir = run.fixtures / "parity"
-    cpu = run_parity(run.tree, run.build, pdir, lambda h, v, n: target_with_layers(target, pdir, n),
-                     embd.shape[1], embd.shape[0], configs=configs, modes=modes, threads=min(run.threads, 4),
-                     log=run.log)
+    cpu = cpu_parity(run, configs, modes)
     run.report["parity"]["cpu"] = {"system_info": cpu.report.get("system_info"), "modes": judge_cpu_parity(cpu.report)}
     return all(m["ok"] for m in like["modes"].values()) and all(
         m["ok"] for m in run.report["parity"]["cpu"]["modes"].values())
+
+
+def cpu_parity(run: CheckRun, configs, modes):
+    """proof.parity's run on the host CPU against float64, over the bundle's parity drafts."""
+    target, pdir = run.fixtures / "kimi-k3-target.gguf", run.fixtures / "parity"
+    embd, _ = read_target_head(target)
+    return run_parity(run.tree, run.build, pdir, lambda h, v, n: target_with_layers(target, pdir, n), embd.shape[1],
+                      embd.shape[0], configs=configs, modes=modes, threads=min(run.threads, 4), log=run.log)
 
 
 def quick_matrix() -> tuple[tuple[ParityConfig, ...], tuple[Mode, ...]]:

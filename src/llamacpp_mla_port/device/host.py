@@ -111,8 +111,7 @@ def cpu_description() -> dict:
         info = ""
     cpuinfo = {k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in info.splitlines() if ":" in ln)}
     flags = set(cpuinfo.get("flags", "").split())
-    return {"lscpu": text, "model": fields.get("Model name") or cpuinfo.get("model name"),
-            "cpus": fields.get("CPU(s)"),
+    return {"lscpu": text, "model": fields.get("Model name") or cpuinfo.get("model name"), "cpus": fields.get("CPU(s)"),
             "flags": [f for f in ISA_FLAGS if f in flags], "amx": all(f in flags for f in AMX_FLAGS[:2])}
 
 
@@ -158,8 +157,7 @@ def reproduce_18099(base: Path, branch: Path, model: Path, amx: bool, threads: i
     path every Q8_0 AMX build runs); the benchmark's AMX run (--repack 1) is separate, so a crash
     there (the GCC 12 tile bug) leaves the rest standing, and is named in the verdict."""
     probe = ("-p", "0", "-n", "8", "-r", "1", "-t", str(threads))
-    rep = {"model": str(model), "amx_cpu": amx,
-           "base_default": llama_bench(base, model, probe, verbose=True),
+    rep = {"model": str(model), "amx_cpu": amx, "base_default": llama_bench(base, model, probe, verbose=True),
            "branch_default": llama_bench(branch, model, probe, verbose=True)}
     bench = (*REPRO_BENCH, "-r", str(reps), "-t", str(threads))
     # base, branch, base: a drift of the machine falls on both sides

@@ -24,9 +24,8 @@ def judge_cpu_mode(row: dict, figure: float | None = None) -> dict:
     limit = min(row["nearest_gross_control"]["nmse"] / GROSS_MARGIN, row["kq_scale_1pct"] / SUBTLE_MARGIN)
     bound = row["threshold"]
     cost_ok = row.get("cost_bound") is None or row["worst_nmse_vs_float64"] <= row["cost_bound"]
-    return {"figure": worst, "bound": bound, "control_limit": limit,
-            "headroom": (bound / worst) if worst > 0 else None, "cost_ok": cost_ok,
-            "ok": bool(worst <= bound and bound <= limit and cost_ok)}
+    return {"figure": worst, "bound": bound, "control_limit": limit, "headroom": (bound / worst) if worst > 0 else None,
+            "cost_ok": cost_ok, "ok": bool(worst <= bound and bound <= limit and cost_ok)}
 
 
 def judge_cpu_parity(report: dict) -> dict:
@@ -43,8 +42,7 @@ def judge_cpu_parity(report: dict) -> dict:
                               for k, v in (("nearest_gross", row["nearest_gross_control"]["nmse"]),
                                            ("kq_scale_1pct", row["kq_scale_1pct"]))}
         j["ok"] = bool(j["ok"] and j["chains_ok"] and all(j["controls_fail"].values()))
-        j.update({k: row[k] for k in ("compared", "worst_nmse_vs_float64", "nearest_gross_control",
-                                      "kq_scale_1pct")})
+        j.update({k: row[k] for k in ("compared", "worst_nmse_vs_float64", "nearest_gross_control", "kq_scale_1pct")})
         out[name] = j
     return out
 

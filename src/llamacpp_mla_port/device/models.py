@@ -65,11 +65,9 @@ def write_job(job: dict) -> dict:
     t0 = time.monotonic()
     if job["kind"] == "realsize":
         res = write_realsize_pair(Path(job["tiny"]), Path(job["out"]), reduced=job["reduced"])
-    elif job["kind"] == "standard":
-        path = write_standard_model(job["shape"], job["qtype"], Path(job["out"]), job["n_layer"])
-        res = {"path": str(path), "bytes": path.stat().st_size}
-    elif job["kind"] == "twin":
-        path = write_deepseek2_twin(job["config"], job["weights"], Path(job["out"]))
+    elif job["kind"] in ("standard", "twin"):
+        path = (write_standard_model(job["shape"], job["qtype"], Path(job["out"]), job["n_layer"])
+                if job["kind"] == "standard" else write_deepseek2_twin(job["config"], job["weights"], Path(job["out"])))
         res = {"path": str(path), "bytes": path.stat().st_size}
     else:
         raise DeviceCheckError(f"unknown model job kind {job['kind']!r}", hint="realsize, standard or twin")

@@ -41,8 +41,7 @@ CPU_CMAKE_ARGS = ("-DGGML_NATIVE=ON", "-DGGML_CUDA=OFF", "-DBUILD_SHARED_LIBS=OF
 CPU_TARGETS = ("llama-bench",)
 
 
-# ---------------------------------------------------------------------------------------
-# prepare (this machine: git, the exported patches)
+# ------------------------------------- prepare (this machine: git, the exported patches)
 
 def _git(tree: Path, *args: str, text: bool = True):
     try:
@@ -113,8 +112,7 @@ def prepare_variants(tree: Path, templates_dir: Path, patches_dir: Path, dest: P
     return manifest
 
 
-# ---------------------------------------------------------------------------------------
-# run (the device)
+# ---------------------------------------------------------------------- run (the device)
 
 def _file_of(variants: Path, manifest: dict, name: str, rel: str) -> Path | None:
     """The content `rel` has in variant `name` (None: absent there)."""

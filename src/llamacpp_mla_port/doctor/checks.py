@@ -20,9 +20,8 @@ from typing import Callable, Iterable
 
 from gguf.constants import GGUFValueType
 
-from llamacpp_mla_port.doctor.findings import (
-    ARCH, ERROR, K3_BLOCK, K3_N_EMBD, K3_VOCAB, OK, SEVERITY, WARNING, Context,
-    TOK, Finding, _int, _num, _shape, key)
+from llamacpp_mla_port.doctor.findings import (ARCH, ERROR, K3_BLOCK, K3_N_EMBD, K3_VOCAB, OK, SEVERITY, WARNING,
+                                               Context, TOK, Finding, _int, _num, _shape, key)
 from llamacpp_mla_port.doctor.layout import detect, expected_tensors, optional_shapes
 from llamacpp_mla_port.doctor.loader_rules import loader, loader_required_keys, loader_tensors
 from llamacpp_mla_port.doctor.pairing import check_target, check_target_layers
@@ -66,8 +65,7 @@ def check_arch(ctx: Context) -> Iterable[Finding]:
                       None if dspark else "a DSpark draft has markov_w1/markov_w2: is this plain DFlash?")
     elif ctx.layout == "dsv4":
         yield Finding("arch", OK, f"DeepSeek-V4 {kind} draft (hyper-connections)",
-                      f"dflash.hyper_connection.count = {hp['hyper_connection.count']}: upstream's DSV4 path",
-                      None)
+                      f"dflash.hyper_connection.count = {hp['hyper_connection.count']}: upstream's DSV4 path", None)
     else:
         yield Finding("arch", ERROR, "dflash draft with an unknown attention backbone",
                       "neither blk.0.attn_q.weight (Qwen3-style) nor blk.0.attn_kv_a_mqa.weight (MLA) "
@@ -93,8 +91,6 @@ def _short(names: list[str], n: int = 8) -> str:
 
 
 def check_tensors(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout not in ("mla", "qwen3"):
-        return
     d, hp = ctx.draft, ctx.hp
     for k in ("embedding_length", "block_count", "attention.head_count", "feed_forward_length"):
         if hp[k] is None:
@@ -131,8 +127,6 @@ def check_tensors(ctx: Context) -> Iterable[Finding]:
 
 
 def check_shapes(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout not in ("mla", "qwen3"):
-        return
     bad = []
     for name, want in {**expected_tensors(ctx), **optional_shapes(ctx)}.items():
         got = _shape(ctx.draft, name)
@@ -152,8 +146,6 @@ def check_shapes(ctx: Context) -> Iterable[Finding]:
 
 
 def check_loader_keys(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout == "not-a-draft":
-        return
     want = loader_required_keys(ctx)
     missing = [k for k in want if k["key"] not in ctx.draft.kvs]
     if missing:
@@ -170,8 +162,6 @@ def check_loader_keys(ctx: Context) -> Iterable[Finding]:
 
 
 def check_tensor_types(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout == "not-a-draft":
-        return
     rule = loader()["f32_only"]
     bad = [f"{t.name} ({t.type_name})" for t in ctx.draft.tensors.values()
            if (len(t.shape) <= rule["max_dims"] or t.name.endswith(rule["suffix"])) and t.type_name != "F32"]
@@ -186,16 +176,10 @@ def check_tensor_types(ctx: Context) -> Iterable[Finding]:
 
 
 def check_mla_dims(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout != "mla":
-        return
     hp = ctx.hp
-    problems: list[str] = []
-    need = ("attention.q_lora_rank", "attention.kv_lora_rank", "attention.key_length_mla",
-            "attention.value_length_mla", "rope.dimension_count", "attention.key_length",
-            "attention.value_length", "attention.head_count_kv")
-    for k in need:
-        if hp[k] is None:
-            problems.append(f"{key(k)} missing")
+    need = ("attention.q_lora_rank", "attention.kv_lora_rank", "attention.key_length_mla", "attention.value_length_mla",
+            "rope.dimension_count", "attention.key_length", "attention.value_length", "attention.head_count_kv")
+    problems = [f"{key(k)} missing" for k in need if hp[k] is None]
     if not problems:
         kv_lora, rope = hp["attention.kv_lora_rank"], hp["rope.dimension_count"]
         k_mla, v_mla = hp["attention.key_length_mla"], hp["attention.value_length_mla"]
@@ -225,8 +209,6 @@ def check_mla_dims(ctx: Context) -> Iterable[Finding]:
 
 
 def check_block_size(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout == "not-a-draft":
-        return
     kv = ctx.draft.kvs.get(key("block_size"))
     markov = "markov_w1.weight" in ctx.draft.tensors
     fix = f"{ctx.fix_hint} --block-size 7 (Kimi-K3-DSpark drafts 7 tokens: anchor + 6 masks)"
@@ -245,13 +227,10 @@ def check_block_size(ctx: Context) -> Iterable[Finding]:
                       f"Kimi-K3-DSpark was trained with blocks of {K3_BLOCK}; a block longer than "
                       "block_size silently skips the Markov head", fix)
         return
-    yield Finding("block_size", OK, f"dflash.block_size = {kv.value}",
-                  f"anchor + {kv.value - 1} masks per draft step")
+    yield Finding("block_size", OK, f"dflash.block_size = {kv.value}", f"anchor + {kv.value - 1} masks per draft step")
 
 
 def check_mask_token(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout == "not-a-draft":
-        return
     d = ctx.draft
     kv = d.kvs.get(TOK.MASK_ID)
     n_vocab = ctx.hp["n_vocab"]
@@ -348,8 +327,6 @@ MLA_REFUSED_SCALES = ("embedding_scale", "attention.scale", "attention.value_sca
 
 
 def check_scales(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout != "mla":
-        return
     d = ctx.draft
     found = [(k, v) for k in MLA_REFUSED_SCALES if (v := _num(d, key(k))) not in (None, 0.0)]
     if found:
@@ -364,8 +341,6 @@ def check_scales(ctx: Context) -> Iterable[Finding]:
 
 
 def check_embeddings(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout not in ("mla", "qwen3"):
-        return
     d = ctx.draft
     if "token_embd.weight" not in d.tensors:
         yield Finding("embeddings", OK, "embeddings stripped (no token_embd)",
@@ -380,8 +355,6 @@ def check_embeddings(ctx: Context) -> Iterable[Finding]:
 
 
 def check_tied_head(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout not in ("mla", "qwen3"):
-        return
     ts = ctx.draft.tensors
     if "token_embd.weight" in ts and "output.weight" not in ts:
         yield Finding("tied_head", WARNING, "tied-head trap: token_embd kept, no output",
@@ -396,8 +369,6 @@ def check_tied_head(ctx: Context) -> Iterable[Finding]:
 
 
 def check_tokenizer(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout == "not-a-draft":
-        return
     d = ctx.draft
     model = d.get(TOK.MODEL)
     tokens = d.kvs.get(TOK.LIST)
@@ -413,8 +384,7 @@ def check_tokenizer(ctx: Context) -> Iterable[Finding]:
         return
     vocab = loader()["vocab"]
     spec = vocab["models"].get(model) if isinstance(model, str) else None
-    pre = d.get(TOK.PRE)
-    pre = pre if isinstance(pre, str) else None
+    pre = d.get(TOK.PRE) if isinstance(d.get(TOK.PRE), str) else None
     problems = []
     if spec is None:
         problems.append(f"tokenizer.ggml.model {model!r} is not one llama.cpp knows "
@@ -447,11 +417,14 @@ def check_tokenizer(ctx: Context) -> Iterable[Finding]:
                   f"eos {d.get('tokenizer.ggml.eos_token_id')}")
 
 
-#: the checks, in the order of the report
-CHECKS: tuple[Callable[[Context], Iterable[Finding]], ...] = (
-    check_arch, check_loader_keys, check_tensors, check_shapes, check_tensor_types, check_mla_dims,
-    check_target_layers, check_block_size, check_mask_token, check_rope, check_scales, check_embeddings,
-    check_tied_head, check_tokenizer, check_target)
+#: the layouts a check applies to (Context.layout): every draft, the two backbones, MLA only
+DRAFTS, BACKBONES, MLA = ("mla", "qwen3", "dsv4", "unknown"), ("mla", "qwen3"), ("mla",)
+#: the checks, in the order of the report, each with the layouts it runs for (None: every file)
+CHECKS: tuple[tuple[Callable[[Context], Iterable[Finding]], tuple[str, ...] | None], ...] = (
+    (check_arch, None), (check_loader_keys, DRAFTS), (check_tensors, BACKBONES), (check_shapes, BACKBONES),
+    (check_tensor_types, DRAFTS), (check_mla_dims, MLA), (check_target_layers, DRAFTS), (check_block_size, DRAFTS),
+    (check_mask_token, DRAFTS), (check_rope, None), (check_scales, MLA), (check_embeddings, BACKBONES),
+    (check_tied_head, BACKBONES), (check_tokenizer, DRAFTS), (check_target, DRAFTS))
 
 
 def run_checks(draft: GGUFHeader, target: GGUFHeader | None = None,
@@ -460,7 +433,7 @@ def run_checks(draft: GGUFHeader, target: GGUFHeader | None = None,
     if fix_hint:
         ctx.fix_hint = fix_hint
     detect(ctx)
-    return ctx, [f for check in CHECKS for f in check(ctx)]
+    return ctx, [f for check, layouts in CHECKS if layouts is None or ctx.layout in layouts for f in check(ctx)]
 
 
 def exit_code(findings: list[Finding]) -> int:

@@ -26,6 +26,7 @@ never written in place: OUT must differ from DRAFT. Fixable metadata:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -140,10 +141,8 @@ def plan_changes(draft: GGUFHeader, target_layers: str | None = None, config: Pa
 def write_fixed(src: Path, out: Path, draft: GGUFHeader, changes: dict, force: bool = False) -> None:
     same = out.resolve() == src.resolve()
     if not same and out.exists():
-        try:
+        with contextlib.suppress(OSError):
             same = os.path.samefile(out, src)
-        except OSError:
-            same = False
     if same:
         raise PortError(f"--fix-metadata {out} is the input file",
                         "the repair never writes in place: give another output path")

@@ -3,7 +3,7 @@ draft's header, the target's, the hyperparameters), with the header accessors th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gguf.constants import GGUFValueType, Keys
@@ -29,8 +29,7 @@ class Finding:
     fix: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "verdict": self.verdict, "title": self.title,
-                "evidence": self.evidence, "fix": self.fix}
+        return asdict(self)
 
 
 @dataclass

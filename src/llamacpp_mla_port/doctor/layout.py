@@ -43,11 +43,23 @@ def _layers_to_check(ctx: Context) -> int:
     return max(0, min(n, present + 1))
 
 
+def _mul(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a * b
+
+
+def _qwen3_heads(hp: dict[str, Any], length: str) -> tuple[int | None, int | None]:
+    """(head dimension `length` or llama.cpp's default, K/V heads): llama_model_base::load_hparams'
+    defaults when a key is absent (a 0 stays 0)."""
+    n_embd, n_head = hp["embedding_length"], hp["attention.head_count"]
+    default_head = n_embd // n_head if n_embd and n_head and n_head > 0 else None
+    n_kv = hp["attention.head_count_kv"] if hp["attention.head_count_kv"] is not None else n_head
+    return (hp[length] if hp[length] is not None else default_head), n_kv
+
+
 def expected_tensors(ctx: Context) -> dict[str, tuple[int, ...] | None]:
     """Required tensor -> expected ggml shape (None when a dimension is unknown)."""
     hp = ctx.hp
     n_embd, n_ff, n_head = hp["embedding_length"], hp["feed_forward_length"], hp["attention.head_count"]
-    n_layer = _layers_to_check(ctx)
     rank, n_vocab = hp["markov_rank"], hp["n_vocab"]
 
     def s(*dims: int | None) -> tuple[int, ...] | None:
@@ -69,54 +81,33 @@ def expected_tensors(ctx: Context) -> dict[str, tuple[int, ...] | None]:
         k_mla, v_mla, rope = (hp["attention.key_length_mla"], hp["attention.value_length_mla"],
                               hp["rope.dimension_count"])
         nope = None if k_mla is None or rope is None else k_mla - rope
-        for i in range(n_layer):
-            p = f"blk.{i}."
-            exp.update({
-                p + "attn_norm.weight": s(n_embd),
-                p + "attn_q_a.weight": s(n_embd, q_lora),
-                p + "attn_q_a_norm.weight": s(q_lora),
-                p + "attn_q_b.weight": s(q_lora, None if n_head is None or k_mla is None else n_head * k_mla),
-                p + "attn_kv_a_mqa.weight": s(n_embd, None if kv_lora is None or rope is None else kv_lora + rope),
-                p + "attn_kv_a_norm.weight": s(kv_lora),
-                p + "attn_k_b.weight": s(nope, kv_lora, n_head),
-                p + "attn_v_b.weight": s(kv_lora, v_mla, n_head),
-                p + "attn_output.weight": s(None if n_head is None or v_mla is None else n_head * v_mla, n_embd),
-                p + "ffn_norm.weight": s(n_embd),
-                p + "ffn_gate.weight": s(n_embd, n_ff),
-                p + "ffn_up.weight": s(n_embd, n_ff),
-                p + "ffn_down.weight": s(n_ff, n_embd),
-            })
+        attention = {"attn_q_a.weight": s(n_embd, q_lora), "attn_q_a_norm.weight": s(q_lora),
+                     "attn_q_b.weight": s(q_lora, _mul(n_head, k_mla)),
+                     "attn_kv_a_mqa.weight": s(n_embd, None if kv_lora is None or rope is None else kv_lora + rope),
+                     "attn_kv_a_norm.weight": s(kv_lora), "attn_k_b.weight": s(nope, kv_lora, n_head),
+                     "attn_v_b.weight": s(kv_lora, v_mla, n_head), "attn_output.weight": s(_mul(n_head, v_mla), n_embd)}
     elif ctx.layout == "qwen3":
-        # llama.cpp's defaults when a key is absent (llama_model_base::load_hparams); a 0 stays 0
-        default_head = n_embd // n_head if n_embd and n_head and n_head > 0 else None
-        head_dim = hp["attention.key_length"] if hp["attention.key_length"] is not None else default_head
-        n_kv = hp["attention.head_count_kv"] if hp["attention.head_count_kv"] is not None else n_head
-        for i in range(n_layer):
-            p = f"blk.{i}."
-            exp.update({
-                p + "attn_norm.weight": s(n_embd),
-                p + "attn_q.weight": s(n_embd, None if head_dim is None or n_head is None else head_dim * n_head),
-                p + "attn_k.weight": s(n_embd, None if head_dim is None or n_kv is None else head_dim * n_kv),
-                p + "attn_output.weight": s(None if head_dim is None or n_head is None else head_dim * n_head, n_embd),
-                p + "attn_q_norm.weight": s(head_dim),
-                p + "attn_k_norm.weight": s(head_dim),
-                p + "ffn_norm.weight": s(n_embd),
-                p + "ffn_gate.weight": s(n_embd, n_ff),
-                p + "ffn_up.weight": s(n_embd, n_ff),
-                p + "ffn_down.weight": s(n_ff, n_embd),
-            })
+        head_dim, n_kv = _qwen3_heads(hp, "attention.key_length")
+        attention = {
+            "attn_q.weight": s(n_embd, _mul(head_dim, n_head)), "attn_k.weight": s(n_embd, _mul(head_dim, n_kv)),
+            "attn_output.weight": s(_mul(head_dim, n_head), n_embd),
+            "attn_q_norm.weight": s(head_dim), "attn_k_norm.weight": s(head_dim)}
+    else:
+        return exp
+    # every layer: its norm, the layout's attention, the FFN
+    layer = {"attn_norm.weight": s(n_embd), **attention, "ffn_norm.weight": s(n_embd),
+             "ffn_gate.weight": s(n_embd, n_ff), "ffn_up.weight": s(n_embd, n_ff), "ffn_down.weight": s(n_ff, n_embd)}
+    for i in range(_layers_to_check(ctx)):
+        exp.update({f"blk.{i}.{name}": shape for name, shape in layer.items()})
     return exp
 
 
 def optional_shapes(ctx: Context) -> dict[str, tuple[int, ...] | None]:
     """Tensors the loader takes when present, with the shape it then insists on."""
-    hp = ctx.hp
     if ctx.layout != "qwen3":
         return {}
-    n_embd, n_head = hp["embedding_length"], hp["attention.head_count"]
-    default_head = n_embd // n_head if n_embd and n_head and n_head > 0 else None
-    head_v = hp["attention.value_length"] if hp["attention.value_length"] is not None else default_head
-    n_kv = hp["attention.head_count_kv"] if hp["attention.head_count_kv"] is not None else n_head
-    width = None if head_v is None or n_kv is None else head_v * n_kv
+    n_embd = ctx.hp["embedding_length"]
+    head_v, n_kv = _qwen3_heads(ctx.hp, "attention.value_length")
+    width = _mul(head_v, n_kv)
     return {f"blk.{i}.attn_v.weight": None if n_embd is None or width is None else (n_embd, width)
             for i in range(_layers_to_check(ctx))}

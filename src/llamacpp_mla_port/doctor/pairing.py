@@ -7,21 +7,17 @@ from typing import Iterable
 
 import numpy as np
 
-from llamacpp_mla_port.doctor.findings import (
-    ARCH, ERROR, K3_N_EMBD, K3_TARGET_LAYERS, KNOWN_TAPS, OK, WARNING, Context,
-    TOK, Finding, _int, _vocab_size, key)
+from llamacpp_mla_port.doctor.findings import (ARCH, ERROR, K3_N_EMBD, K3_TARGET_LAYERS, KNOWN_TAPS, OK, WARNING,
+                                               Context, TOK, Finding, _int, _vocab_size, key)
 from llamacpp_mla_port.gguf.header import tensor_rows
 
 
 def check_target_layers(ctx: Context) -> Iterable[Finding]:
-    if ctx.layout == "not-a-draft":
-        return
     d, hp = ctx.draft, ctx.hp
     kv = d.kvs.get(key("target_layers"))
     ids_hint = ("2,23,47,71,89" if ctx.layout == "mla" and hp["embedding_length"] == K3_N_EMBD
                 else "<config.json target_layer_ids, 0-based>")
-    fix = (f"{ctx.fix_hint} --target-layers {ids_hint} "
-           "(or --from-config config.json); the +1 is applied for you")
+    fix = f"{ctx.fix_hint} --target-layers {ids_hint} (or --from-config config.json); the +1 is applied for you"
     if kv is None:
         yield Finding("target_layers", ERROR, "dflash.target_layers missing",
                       "llama.cpp: \"DFlash model requires 'target_layers' in GGUF metadata\"", fix)
@@ -54,8 +50,7 @@ def check_target_layers(ctx: Context) -> Iterable[Finding]:
     hf = [i - 1 for i in ids]
     for name, taps in KNOWN_TAPS.items():
         if ids == taps:
-            problems.append(f"these are {name}'s HF ids WITHOUT the +1 (llama.cpp stores "
-                            f"{[i + 1 for i in taps]})")
+            problems.append(f"these are {name}'s HF ids WITHOUT the +1 (llama.cpp stores {[i + 1 for i in taps]})")
         elif hf == taps:
             notes.append(f"= {name}'s published target_layer_ids {taps} + 1")
     if len(ids) > 1 and ids == list(range(ids[0], ids[0] + len(ids))) and len(ids) >= 3:
@@ -75,8 +70,7 @@ def check_target_layers(ctx: Context) -> Iterable[Finding]:
     elif ids and max(ids) >= K3_TARGET_LAYERS and n_embd == K3_N_EMBD:
         problems.append(f"id {max(ids)} is past Kimi-K3's {K3_TARGET_LAYERS} layers")
     if problems:
-        yield Finding("target_layers", ERROR, f"dflash.target_layers {ids} is wrong",
-                      "; ".join(problems + notes), fix)
+        yield Finding("target_layers", ERROR, f"dflash.target_layers {ids} is wrong", "; ".join(problems + notes), fix)
     elif 0 in ids:
         yield Finding("target_layers", WARNING, f"dflash.target_layers {ids} taps the embeddings",
                       "; ".join(notes), fix)
@@ -91,7 +85,7 @@ def check_target_layers(ctx: Context) -> Iterable[Finding]:
 
 def check_target(ctx: Context) -> Iterable[Finding]:
     t = ctx.target
-    if t is None or ctx.layout == "not-a-draft":
+    if t is None:
         return
     d, hp = ctx.draft, ctx.hp
     tarch = t.arch
@@ -125,10 +119,8 @@ def check_target(ctx: Context) -> Iterable[Finding]:
                       "use the draft converted for this target")
     else:
         yield Finding("target_vocab", OK, f"vocabulary {t_vocab} on both sides", f"{t_src}")
-    diffs = []
-    for k in (TOK.MODEL, TOK.PRE, TOK.BOS_ID, TOK.EOS_ID):
-        if d.get(k) != t.get(k):
-            diffs.append(f"{k}: draft {d.get(k)!r}, target {t.get(k)!r}")
+    diffs = [f"{k}: draft {d.get(k)!r}, target {t.get(k)!r}" for k in (TOK.MODEL, TOK.PRE, TOK.BOS_ID, TOK.EOS_ID)
+             if d.get(k) != t.get(k)]
     minor = []
     for k in (TOK.LIST, TOK.MERGES, TOK.TOKEN_TYPE):
         if d.value_sha256(k) != t.value_sha256(k):

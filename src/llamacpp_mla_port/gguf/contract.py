@@ -27,8 +27,7 @@ HPARAMS: tuple[str, ...] = (
 #: tensors of every DSpark draft outside the blocks
 GLOBAL_TENSORS: tuple[str, ...] = ("fc.weight", "enc.output_norm.weight", "output_norm.weight")
 #: the DSpark heads (required in the MLA layout, optional in the Qwen3-style one)
-DSPARK_HEADS: tuple[str, ...] = ("markov_w1.weight", "markov_w2.weight", "conf_proj.weight",
-                                 "conf_proj.bias")
+DSPARK_HEADS: tuple[str, ...] = ("markov_w1.weight", "markov_w2.weight", "conf_proj.weight", "conf_proj.bias")
 #: per-block tensors (names after "blk.{i}.") each layout requires
 BLOCK_TENSORS: dict[str, tuple[str, ...]] = {
     "mla": ("attn_norm.weight", "attn_q_a.weight", "attn_q_a_norm.weight", "attn_q_b.weight",

@@ -26,6 +26,7 @@ and the tensor-info records are copied byte for byte, the data section is stream
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 from dataclasses import dataclass, field
@@ -124,10 +125,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass
@@ -200,8 +198,7 @@ class _Cursor:
                 "and compare its size/sha256 with the published one")
         data = self.f.read(n)
         if len(data) != n:
-            raise self.fail(f"short read at offset {self.pos} ({what})",
-                            "is another process writing the file?")
+            raise self.fail(f"short read at offset {self.pos} ({what})", "is another process writing the file?")
         self.pos += n
         return data
 
@@ -218,9 +215,8 @@ class _Cursor:
         at = self.pos
         n = self.u64(f"length of {what}")
         if n > limit:
-            raise self.fail(
-                f"{what} at offset {at} claims {n} bytes, over the limit of {limit}",
-                "a crafted or corrupted header: do not load this file")
+            raise self.fail(f"{what} at offset {at} claims {n} bytes, over the limit of {limit}",
+                            "a crafted or corrupted header: do not load this file")
         if n > self.remaining:
             raise self.fail(
                 f"truncated: {what} at offset {at} claims {n} bytes, only "
@@ -413,8 +409,7 @@ def _parse(cur: _Cursor) -> GGUFHeader:
                            "a corrupted or hand-edited header: ggml's loader rejects this file")
         end = data_offset + t.offset + t.n_bytes
         if end > cur.size:
-            raise cur.fail(f"tensor {t.name!r} data ends at byte {end}, past the end of the file "
-                           f"({cur.size} bytes)",
+            raise cur.fail(f"tensor {t.name!r} data ends at byte {end}, past the end of the file ({cur.size} bytes)",
                            "the file is truncated (or its header lies): fetch it again")
         expected += t.n_bytes + (-t.n_bytes % alignment)
     return GGUFHeader(cur.path, cur.size, version, alignment, kvs, tensors, ti_end, data_offset,
@@ -454,9 +449,7 @@ def tensor_rows(header: GGUFHeader, name: str, rows_per_chunk: int = 1024) -> It
 def encode_kv(key: str, vtype: GGUFValueType, value: Any, item_type: GGUFValueType | None = None) -> bytes:
     """Serialise one key/value record (GGUF v3, little-endian)."""
     kb = key.encode("utf-8")
-    out = [struct.pack("<Q", len(kb)), kb, struct.pack("<I", int(vtype))]
-    out.append(_encode_value(vtype, value, item_type))
-    return b"".join(out)
+    return struct.pack("<Q", len(kb)) + kb + struct.pack("<I", int(vtype)) + _encode_value(vtype, value, item_type)
 
 
 def _encode_value(vtype: GGUFValueType, value: Any, item_type: GGUFValueType | None) -> bytes:
@@ -480,24 +473,15 @@ def rewrite_metadata(src: GGUFHeader, out: Path,
     chunks. Writes to a temporary name first so a failure never leaves a half file.
     """
     out = Path(out)
-    records: list[bytes] = []
     with open(src.path, "rb") as f:
         def raw(span: tuple[int, int]) -> bytes:
             f.seek(span[0])
             return f.read(span[1] - span[0])
-        for key, kv in src.kvs.items():
-            if key in changes:
-                vtype, value, itype = changes[key]
-                records.append(encode_kv(key, vtype, value, itype))
-            else:
-                records.append(raw(kv.span))
-        for key, (vtype, value, itype) in changes.items():
-            if key not in src.kvs:
-                records.append(encode_kv(key, vtype, value, itype))
+        records = [encode_kv(key, *changes[key]) if key in changes else raw(kv.span) for key, kv in src.kvs.items()]
+        records += [encode_kv(key, *change) for key, change in changes.items() if key not in src.kvs]
         tensor_infos = raw(src.tensor_region)
 
-        header = b"".join([GGUF_MAGIC, struct.pack("<IQQ", 3, len(src.tensors), len(records)),
-                           *records, tensor_infos])
+        header = b"".join([GGUF_MAGIC, struct.pack("<IQQ", 3, len(src.tensors), len(records)), *records, tensor_infos])
         header += b"\0" * (-len(header) % src.alignment)
         tmp = out.with_name(out.name + ".part")
         try:

@@ -109,20 +109,25 @@ def nearest_region(text: str, anchor: str, lo: int = 0, hi: int | None = None) -
         [f"{first + i + 1}: {have[i]}" for i in range(a, b)]
 
 
-def scope(change: Change, text: str) -> tuple[int, int]:
-    """The part of `text` the change's anchor is searched in (the whole text when the
-    `within` scope is not unique; up to the end when `within_end` is not found)."""
+def _within(change: Change, text: str) -> tuple[int, int, tuple | None]:
+    """(lo, hi, failed): the part of `text` the change's anchor is searched in, and the scope
+    pattern that failed as (what, pattern, hits), else None. On a failure the part is the whole
+    text (`within` not unique) or runs to the end (`within_end` not found)."""
     if change.within is None:
-        return 0, len(text)
+        return 0, len(text), None
     scopes = find_all(change.within, text, change.regex)
     if len(scopes) != 1:
-        return 0, len(text)
+        return 0, len(text), ("within", change.within, scopes)
     lo = scopes[0][1]
-    if change.within_end is not None:
-        ends = find_all(change.within_end, text, change.regex, lo)
-        if ends:
-            return lo, ends[0][0]
-    return lo, len(text)
+    if change.within_end is None:
+        return lo, len(text), None
+    ends = find_all(change.within_end, text, change.regex, lo)
+    return (lo, ends[0][0], None) if ends else (lo, len(text), ("within_end", change.within_end, ends))
+
+
+def scope(change: Change, text: str) -> tuple[int, int]:
+    """The part of `text` the change's anchor is searched in (_within, leniently)."""
+    return _within(change, text)[:2]
 
 
 @dataclass(frozen=True)
@@ -184,17 +189,10 @@ def _miss(what: str, pattern: str, text: str, hits: list[tuple[int, int]], lo: i
 
 def locate(change: Change, text: str) -> Located | Miss:
     """Where the change's anchor is in `text`, or why it is not there exactly once."""
-    lo, hi = 0, len(text)
-    if change.within is not None:
-        scopes = find_all(change.within, text, change.regex)
-        if len(scopes) != 1:
-            return _miss("within", change.within, text, scopes)
-        lo = scopes[0][1]
-        if change.within_end is not None:
-            ends = find_all(change.within_end, text, change.regex, lo)
-            if not ends:
-                return _miss("within_end", change.within_end, text, ends)
-            hi = ends[0][0]
+    lo, hi, unscoped = _within(change, text)
+    if unscoped is not None:
+        what, pattern, hits = unscoped
+        return _miss(what, pattern, text, hits)
     hits = find_all(change.anchor, text, change.regex, lo, hi)
     if len(hits) != 1:
         return _miss("anchor", change.anchor, text, hits, lo, hi)

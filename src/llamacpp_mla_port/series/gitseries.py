@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
@@ -55,9 +56,7 @@ def commit_rendered(repo: git.Repo, base_sha: str, rendered: list[RenderedCommit
             entries = [f"{modes.get(path, '100644')} {blob}\t{path}" for (path, _), blob in zip(files, blobs)]
             git.run(repo, "update-index", "--index-info", env=index_env, input="\n".join(entries) + "\n")
             tree = git.run(repo, "write-tree", env=index_env)
-            msg = os.path.join(tmp, "msg")
-            Path(msg).write_text(commit.message)
-            parent = git.run(repo, "commit-tree", tree, "-p", parent, "-F", msg, env=env)
+            parent = git.run(repo, "commit-tree", tree, "-p", parent, "-F", "-", input=commit.message, env=env)
             shas.append(parent)
     return shas
 
@@ -67,10 +66,9 @@ def export(repo: git.Repo, base_sha: str, head_sha: str, out_dir: Path, pin: Pin
     """Write the series as patches into `out_dir` (created empty); return patch names. `slugs`:
     the template folder of each commit of base..head, in order, for the index (INDEX)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    git.run(repo, "format-patch", "--zero-commit", "--no-signature", "--full-index",
-            "--numbered", "--subject-prefix=PATCH", "--stat=80", "--no-color",
-            "--no-binary", "-o", str(out_dir), f"{base_sha}..{head_sha}",
-            env=series_env(series))
+    git.run(repo, "format-patch", "--zero-commit", "--no-signature", "--full-index", "--numbered",
+            "--subject-prefix=PATCH", "--stat=80", "--no-color", "--no-binary", "-o", str(out_dir),
+            f"{base_sha}..{head_sha}", env=series_env(series))
     names = sorted(p.name for p in out_dir.glob("*.patch"))
     (out_dir / SERIES).write_text("".join(f"{n}\n" for n in names))
     manifest = {
@@ -122,15 +120,11 @@ def managed_files(patches_dir: Path) -> list[str]:
 def drift(fresh_dir: Path, patches_dir: Path) -> str:
     """A unified diff of checked-in patches/ against a fresh export ('' when identical)."""
     out = []
-    names = sorted(set(managed_files(fresh_dir)) | set(managed_files(patches_dir)))
-    for name in names:
-        old = patches_dir / name
-        new = fresh_dir / name
-        a = old.read_text(errors="replace").splitlines(keepends=True) if old.exists() else []
-        b = new.read_text(errors="replace").splitlines(keepends=True) if new.exists() else []
+    for name in sorted(set(managed_files(fresh_dir)) | set(managed_files(patches_dir))):
+        a, b = (p.read_text(errors="replace").splitlines(keepends=True) if p.exists() else []
+                for p in (patches_dir / name, fresh_dir / name))
         if a != b:
-            out.extend(difflib.unified_diff(a, b, f"patches/{name} (checked in)",
-                                            f"patches/{name} (fresh render)"))
+            out.extend(difflib.unified_diff(a, b, f"patches/{name} (checked in)", f"patches/{name} (fresh render)"))
     return "".join(out)
 
 
@@ -173,8 +167,7 @@ def verify_manifest(patches_dir: Path) -> None:
         data = (patches_dir / entry["name"]).read_bytes()
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise SeriesError(f"patches/{entry['name']} does not match its sha256 in the manifest",
-                              "it was edited by hand: edit the templates instead and rerun "
-                              "`make patch`")
+                              "it was edited by hand: edit the templates instead and rerun `make patch`")
 
 
 def apply(repo: git.Repo, base_sha: str, branch: str, patches: list[Path],
@@ -187,19 +180,15 @@ def apply(repo: git.Repo, base_sha: str, branch: str, patches: list[Path],
     git.run(repo, "checkout", "-q", "-B", branch, base_sha)
     env = series_env(series)
     try:
-        git.run(repo, "am", "-3", "--quiet", "--committer-date-is-author-date",
-                *[str(p) for p in patches], env=env)
+        git.run(repo, "am", "-3", "--quiet", "--committer-date-is-author-date", *[str(p) for p in patches], env=env)
     except ProcessError as err:
         text = git.error_text(err)
         details = _am_failure(repo, f"{err.stderr_tail}\n{err.stdout_tail}", patches)
         failing = details.get("subject", "")
-        try:
+        with contextlib.suppress(ProcessError):
             git.run(repo, "am", "--abort")
-        except ProcessError:
-            pass
         git.run(repo, "checkout", "-q", "-f", "-B", branch, base_sha)
-        raise PatchApplyError(f"`git am -3` failed{' at ' + failing if failing else ''}: "
-                              f"{text}",
+        raise PatchApplyError(f"`git am -3` failed{' at ' + failing if failing else ''}: {text}",
                               "the patches do not apply to this base: run `make patch` to "
                               "re-render them; the work tree was reset to the base",
                               details) from None
@@ -216,36 +205,28 @@ def _am_failure(repo: git.Repo, text: str, patches: list[Path]) -> dict:
     names) or the conflict a 3-way merge left in the file."""
     d = Path(repo.git_dir) / "rebase-apply"
     out: dict = {"output": "\n".join(ln.strip() for ln in text.splitlines() if ln.strip())}
-    try:
+    with contextlib.suppress(OSError, IndexError, ValueError):
         nxt = int((d / "next").read_text().strip())
         out["patch"] = patches[nxt - 1].name if 0 < nxt <= len(patches) else f"#{nxt}"
-        out["subject"] = (d / f"{nxt:04d}").read_text(errors="replace") \
-            .split("Subject: ", 1)[1].splitlines()[0]
-    except (OSError, IndexError, ValueError):
-        pass
+        out["subject"] = (d / f"{nxt:04d}").read_text(errors="replace").split("Subject: ", 1)[1].splitlines()[0]
     m = _PATCH_FAILED.search(text)
     if m:
         out["file"], out["line"] = m["file"], int(m["line"])
-        try:
+        with contextlib.suppress(OSError, unidiff.UnidiffParseError):
             # am's own copy of the diff: what it tried to apply (CRs already stripped)
-            parsed = unidiff.PatchSet((d / "patch").read_text(errors="replace"))
-            for f in parsed:
+            for f in unidiff.PatchSet((d / "patch").read_text(errors="replace")):
                 if f.path == m["file"]:
                     hunk = next((h for h in f if h.source_start == int(m["line"])), None)
                     if hunk is not None:
                         out["hunk"] = str(hunk)
-        except (OSError, unidiff.UnidiffParseError):
-            pass
         return out
     m = _CONFLICT.search(text)
     if m:
         out["file"] = m["file"].strip()
-        try:
+        with contextlib.suppress(OSError, StopIteration):
             lines = (Path(repo.working_tree_dir) / out["file"]).read_text(errors="replace").splitlines()
             start = next(i for i, ln in enumerate(lines) if ln.startswith("<<<<<<<"))
             end = next(i for i in range(start, len(lines)) if lines[i].startswith(">>>>>>>"))
             out["line"] = start + 1
             out["hunk"] = "\n".join(lines[start:end + 1]) + "\n"
-        except (OSError, StopIteration):
-            pass
     return out

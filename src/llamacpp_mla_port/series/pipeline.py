@@ -75,16 +75,14 @@ def render(opts: Options, repo: git.Repo, pin: Pin, base: Base) -> Rendered:
                           f"changed ({pin.sdist.package} {pin.sdist.version}): upstream's tag has "
                           "other contents there", "pin a tree whose packager leaves that file as "
                           "upstream has it (templates/pin.toml), or drop the change")
-    commits = render_series(series, lambda p: git.read_blob(repo, base.sha, p),
-                            base_label=pin.short,
+    commits = render_series(series, lambda p: git.read_blob(repo, base.sha, p), base_label=pin.short,
                             extra_vars={"pin": pin})
     shas = series_mod.commit_rendered(repo, base.sha, commits, series)
     return Rendered(pin, series, base, repo, commits, shas)
 
 
 def export_fresh(r: Rendered, out_dir: Path) -> list[str]:
-    return series_mod.export(r.repo, r.base.sha, r.head, out_dir, r.pin, r.series,
-                             [c.slug for c in r.commits])
+    return series_mod.export(r.repo, r.base.sha, r.head, out_dir, r.pin, r.series, [c.slug for c in r.commits])
 
 
 def patch(opts: Options, log=print) -> dict:
@@ -95,8 +93,7 @@ def patch(opts: Options, log=print) -> dict:
     with tempfile.TemporaryDirectory(prefix="mla-port-export-") as tmp:
         names = export_fresh(r, Path(tmp))
         changed = series_mod.install(Path(tmp), opts.places.patches_dir)
-    log(f"{opts.places.patches_dir}: {len(names)} patches, "
-        f"{'updated' if changed else 'unchanged'}")
+    log(f"{opts.places.patches_dir}: {len(names)} patches, {'updated' if changed else 'unchanged'}")
     series_mod.verify_manifest(opts.places.patches_dir)
     state = ws.state()
     head_tree = git.run(repo, "rev-parse", f"{r.head}^{{tree}}")
@@ -106,10 +103,8 @@ def patch(opts: Options, log=print) -> dict:
         log(f"{ws.tree}: series already applied on branch {r.series.branch}")
     else:
         touched = {p for c in r.commits for p in c.files}
-        apply_series(ws, repo, base.sha, r.series, series_mod.read_series(opts.places.patches_dir),
-                     touched, head_tree)
-        log(f"{ws.tree}: {len(names)} commits applied with `git am -3` on branch "
-            f"{r.series.branch}")
+        apply_series(ws, repo, base.sha, r.series, series_mod.read_series(opts.places.patches_dir), touched, head_tree)
+        log(f"{ws.tree}: {len(names)} commits applied with `git am -3` on branch {r.series.branch}")
     return {"tree": ws.tree, "patches": names, "changed": changed, "head": r.head}
 
 

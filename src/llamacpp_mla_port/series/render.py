@@ -27,12 +27,8 @@ class RenderedCommit:
 
 
 def make_env(series: Series) -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(series.root)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(series.root)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
 
 
 def _render(env: jinja2.Environment, template: str, context: dict, origin: str) -> str:
@@ -43,8 +39,7 @@ def _render(env: jinja2.Environment, template: str, context: dict, origin: str) 
                           "define the variable in templates/port.toml [vars] or the commit's "
                           "commit.toml [vars]") from None
     except jinja2.TemplateSyntaxError as err:
-        raise RenderError(f"{origin}: template {err.filename or template} line {err.lineno}: "
-                          f"{err.message}",
+        raise RenderError(f"{origin}: template {err.filename or template} line {err.lineno}: {err.message}",
                           "C++ with `{{`, `{%` or `{#` must sit inside {% raw %}...{% endraw %}") from None
 
 
@@ -92,8 +87,7 @@ def render_series(series: Series, read_base: Callable[[str], bytes | None],
 
 def _title(env: jinja2.Environment, commit: Commit, context: dict) -> str:
     try:
-        return _render(env, commit.message_template, context, f"series/{commit.slug}") \
-            .strip().splitlines()[0]
+        return _render(env, commit.message_template, context, f"series/{commit.slug}").strip().splitlines()[0]
     except (PortError, jinja2.TemplateError, IndexError):
         return commit.slug
 
@@ -112,7 +106,6 @@ def walk_series(series: Series, read_base: Callable[[str], bytes | None], base_l
     env = make_env(series)
     overlay = Overlay(read_base)
     read = overlay.read
-
     out = []
     present = set(series.slugs())
     for ci, commit in enumerate(series.commits):
@@ -153,8 +146,7 @@ def walk_series(series: Series, read_base: Callable[[str], bytes | None], base_l
             for change in changes:
                 rendered, error = None, None
                 try:
-                    rendered = _render(env, change.template, {**context, **change.vars},
-                                       change.origin)
+                    rendered = _render(env, change.template, {**context, **change.vars}, change.origin)
                 except PortError as err:
                     error = err
                 where = None
@@ -166,8 +158,7 @@ def walk_series(series: Series, read_base: Callable[[str], bytes | None], base_l
                     if error is not None:
                         raise error
                 else:
-                    step = Step(ci, commit, title, change, path, before, text, rendered, error,
-                                where)
+                    step = Step(ci, commit, title, change, path, before, text, rendered, error, where)
                     if not decide(step) or error is not None:
                         continue
                 if change.placement == "create":
@@ -176,13 +167,9 @@ def walk_series(series: Series, read_base: Callable[[str], bytes | None], base_l
                     continue
                 if not isinstance(where, Located):
                     continue
-                start, end = where.start, where.end
-                if change.placement == "after":
-                    spans.append((end, end, rendered, change))
-                elif change.placement == "before":
-                    spans.append((start, start, rendered, change))
-                else:
-                    spans.append((start, end, rendered, change))
+                start = where.end if change.placement == "after" else where.start
+                end = where.start if change.placement == "before" else where.end
+                spans.append((start, end, rendered, change))
             if text is None or not spans:
                 continue
             spans.sort(key=lambda s: (s[0], s[1]))
@@ -203,8 +190,7 @@ def walk_series(series: Series, read_base: Callable[[str], bytes | None], base_l
         if not strict:
             out.append(RenderedCommit(slug=commit.slug, message=title + "\n", files=files))
             continue
-        message = _render(env, commit.message_template, context, f"series/{commit.slug}")
-        message = message.strip("\n") + "\n"
+        message = _render(env, commit.message_template, context, f"series/{commit.slug}").strip("\n") + "\n"
         title = message.splitlines()[0]
         if not TITLE.match(title):
             raise RenderError(f"series/{commit.slug}: commit title {title!r} is not in llama.cpp "

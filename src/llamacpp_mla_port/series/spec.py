@@ -110,8 +110,8 @@ class Stack:
     evidence: tuple[Evidence, ...] = ()     # its `## Evidence`
     depends: tuple[str, ...] = ()   # stacks (earlier in port.toml) this PR is based on
     # the plan (upstreaming/plan.py, PLAN.md); never part of the patch text
-    upstream: str = "pr"     # "pr": a pull request of ours; "comment": a comment on `comment_on`;
-                             # "kept": in the series, not sent upstream
+    #: "pr": a pull request of ours; "comment": a comment on `comment_on`; "kept": in the series, not sent upstream
+    upstream: str = "pr"
     comment_on: int | None = None   # the open upstream PR a "comment" stack contributes to
     why: str = ""            # why a "comment" or "kept" stack is not a PR of ours (PLAN.md)
     order: int = 0           # when a new contributor (one open PR at a time) opens it, from 1
@@ -135,17 +135,15 @@ class Series:
     stacks: tuple[Stack, ...] = ()
 
     def stack(self, name: str) -> Stack:
-        for st in self.stacks:
-            if st.name == name:
-                return st
+        if st := next((st for st in self.stacks if st.name == name), None):
+            return st
         raise PortDescriptionError(f"no PR stack {name!r} in templates/port.toml",
                                    f"stacks: {', '.join(s.name for s in self.stacks)}")
 
     def only(self, *stacks: Stack) -> "Series":
         """This series reduced to these stacks' commits, in series order."""
         slugs = {s for st in stacks for s in st.commits}
-        kept = tuple(c for c in self.commits if c.slug in slugs)
-        return dataclasses.replace(self, commits=kept)
+        return dataclasses.replace(self, commits=tuple(c for c in self.commits if c.slug in slugs))
 
     def in_order(self) -> tuple[Stack, ...]:
         """The stacks in the order a new contributor opens them (port.toml `order`)."""
@@ -174,8 +172,7 @@ def _load_toml(path: Path) -> dict:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise PortDescriptionError(f"{path} is missing",
-                                   "every series folder needs a commit.toml") from None
+        raise PortDescriptionError(f"{path} is missing", "every series folder needs a commit.toml") from None
     except tomllib.TOMLDecodeError as err:
         raise PortDescriptionError(f"{path}: invalid TOML: {err}", "fix the syntax") from None
 
@@ -200,12 +197,10 @@ def _change(raw: dict, folder: Path, root: Path, origin: str) -> Change:
         raise PortDescriptionError(f"{origin}: placement {placement!r} needs a non-empty anchor",
                                    "add an `anchor` that matches exactly once in the file")
     if "within_end" in raw and "within" not in raw:
-        raise PortDescriptionError(f"{origin}: `within_end` without `within`",
-                                   "add `within` or drop `within_end`")
+        raise PortDescriptionError(f"{origin}: `within_end` without `within`", "add `within` or drop `within_end`")
     template = folder / raw["template"]
     if not template.is_file():
-        raise PortDescriptionError(f"{origin}: template {template} does not exist",
-                                   "create it or fix `template`")
+        raise PortDescriptionError(f"{origin}: template {template} does not exist", "create it or fix `template`")
     file = raw["file"]
     if file.startswith("/") or ".." in Path(file).parts:
         raise PortDescriptionError(f"{origin}: file {file!r} must be a relative path inside the tree",
@@ -229,9 +224,8 @@ def load_series(root: Path) -> Series:
     commits = []
     for folder in folders:
         if not _FOLDER.match(folder.name):
-            raise PortDescriptionError(
-                f"{folder}: series folders are named NN-slug (two digits, lowercase slug)",
-                "rename the folder, e.g. 25-model-my-change")
+            raise PortDescriptionError(f"{folder}: series folders are named NN-slug (two digits, lowercase slug)",
+                                       "rename the folder, e.g. 25-model-my-change")
         data = _load_toml(folder / "commit.toml")
         unknown = set(data) - _COMMIT_KEYS
         if unknown:
@@ -245,9 +239,8 @@ def load_series(root: Path) -> Series:
         if not message.is_file():
             raise PortDescriptionError(f"{message} is missing",
                                        "every commit needs a message draft: title, blank line, body")
-        changes = tuple(
-            _change(raw, folder, root, f"series/{folder.name}/commit.toml change #{i + 1}")
-            for i, raw in enumerate(raw_changes))
+        changes = tuple(_change(raw, folder, root, f"series/{folder.name}/commit.toml change #{i + 1}")
+                        for i, raw in enumerate(raw_changes))
         commits.append(Commit(slug=folder.name, message_template=message.relative_to(root).as_posix(),
                               changes=changes, vars=dict(data.get("vars", {})),
                               stack=str(data.get("stack", ""))))
@@ -261,8 +254,7 @@ def load_series(root: Path) -> Series:
                 slug = getattr(ch, key)
                 if slug is not None and slug not in earlier:
                     raise PortDescriptionError(f"{ch.origin}: {key} = {slug!r} is not an earlier commit",
-                                               "name the folder (templates/series/NN-slug) of a commit "
-                                               "before this one")
+                                               "name the folder (templates/series/NN-slug) of a commit before this one")
     return Series(root=root, vars=dict(port.get("vars", {})), author_name=meta["author_name"],
                   author_email=meta["author_email"], date=meta["date"], branch=meta["branch"],
                   commits=tuple(commits), stacks=_stacks(root / "port.toml", port, commits))
@@ -434,8 +426,7 @@ def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:
                   "\"comment\" or \"kept\"): drop it, or change `upstream`")
     order = table.get("order", position)
     if type(order) is not int or order < 1:
-        raise bad("order", "a whole number from 1: the place in the sequence a new contributor "
-                  "opens the stacks in")
+        raise bad("order", "a whole number from 1: the place in the sequence a new contributor opens the stacks in")
     issue_first = table.get("issue_first", False)
     if not isinstance(issue_first, bool):
         raise bad("issue_first", "true or false: true when upstream wants an issue before the PR")
@@ -449,8 +440,7 @@ def _plan_keys(path: Path, name: str, table: dict, position: int) -> dict:
         raise bad("overlaps", 'a list of {ref = "#27478", relation = "one line"}: ref an upstream '
                   "PR or issue number with its #, relation one non-empty line")
     return {"upstream": upstream, "comment_on": comment_on, "why": (why or "").strip(), "order": order,
-            "issue_first": issue_first,
-            "overlaps": tuple(Overlap(o["ref"], o["relation"].strip()) for o in overlaps)}
+            "issue_first": issue_first, "overlaps": tuple(Overlap(o["ref"], o["relation"].strip()) for o in overlaps)}
 
 
 def _check_plan(path: Path, stacks: tuple[Stack, ...], unordered: list[str]) -> tuple[Stack, ...]:

@@ -3,10 +3,11 @@
 templates/port.toml [stacks.NAME] names them in order; every commit.toml says which one it
 belongs to (`stack = "NAME"`, series/spec.py checks). A stack is rendered ALONE on a base (only its
 commits, in series order; a stacked PR on the head of the stacks in its `depends`), so a stack
-that leans on another stack's text fails here, naming the stack and the anchor. Each rendered stack comes in two forms, both byte-reproducible:
-its commits as a format-patch series, and one squashed commit (what upstream's squash-merge
-makes of the PR). `check_applies` re-applies the exported patches with `git apply` (no fuzz)
-onto the base in a private index and compares the tree with the rendered one.
+that leans on another stack's text fails here, naming the stack and the anchor. Each rendered
+stack comes in two forms, both byte-reproducible: its commits as a format-patch series, and one
+squashed commit (what upstream's squash-merge makes of the PR). `check_applies` re-applies the
+exported patches with `git apply` (no fuzz) onto the base in a private index and compares the
+tree with the rendered one.
 """
 
 from __future__ import annotations
@@ -72,16 +73,8 @@ def render_stack(repo: git.Repo, series: Series, stack: Stack, base_sha: str, ba
                         "(templates/port.toml [stacks], commit.toml `stack`)") from None
     shas = series_mod.commit_rendered(repo, base_sha, commits, series)
     tree = git.run(repo, "rev-parse", f"{shas[-1]}^{{tree}}")
-    tmp_msg = None
-    try:
-        with tempfile.NamedTemporaryFile("w", delete=False, suffix=".msg") as f:
-            f.write(squash_message(stack, commits))
-            tmp_msg = f.name
-        squashed = git.run(repo, "commit-tree", tree, "-p", base_sha, "-F", tmp_msg,
-                           env=series_mod.series_env(series))
-    finally:
-        if tmp_msg:
-            os.unlink(tmp_msg)
+    squashed = git.run(repo, "commit-tree", tree, "-p", base_sha, "-F", "-", input=squash_message(stack, commits),
+                       env=series_mod.series_env(series))
     return RenderedStack(stack, base_sha, commits, shas, squashed)
 
 
@@ -100,10 +93,9 @@ def export_stack(repo: git.Repo, rs: RenderedStack, out_dir: Path, pin: Pin,
         for p in patches.iterdir():
             p.unlink()
     names = series_mod.export(repo, rs.base, rs.head, patches, pin, series, [c.slug for c in rs.commits])
-    squashed = git.run(repo, "format-patch", "--zero-commit", "--no-signature",
-                       "--full-index", "--subject-prefix=PATCH", "--stat=80",
-                       "--no-color", "--no-binary", "--stdout", "-1", rs.squashed,
-                       env=series_mod.series_env(series), text=False)
+    squashed = git.run(repo, "format-patch", "--zero-commit", "--no-signature", "--full-index",
+                       "--subject-prefix=PATCH", "--stat=80", "--no-color", "--no-binary", "--stdout", "-1",
+                       rs.squashed, env=series_mod.series_env(series), text=False)
     (out_dir / SQUASHED).write_bytes(squashed)
     return {"patches": names, "squashed": SQUASHED}
 
@@ -163,8 +155,7 @@ def try_stacks(repo: git.Repo, series: Series, base_sha: str, base_label: str, e
                 export_stack(repo, rs, Path(tmp), pin, series)
                 verify(repo, rs, Path(tmp))
             entry.update(ok=True, head=rs.head, squashed=rs.squashed,
-                         **{k: v for k, v in diffstat(repo, rs.base, rs.head).items()
-                            if k != "files"})
+                         **{k: v for k, v in diffstat(repo, rs.base, rs.head).items() if k != "files"})
         except PortError as err:
             entry.update(ok=False, message=err.message, hint=err.hint)
         out.append(entry)

@@ -59,8 +59,7 @@ class Workspace:
                                 f"delete {self.tree} (`make clean-work`) and rerun") from None
 
     def save_state(self, **updates) -> None:
-        state = {**self.state(), **updates}
-        write_json(self.state_path, state, sort_keys=True)
+        write_json(self.state_path, {**self.state(), **updates}, sort_keys=True)
 
     def repo(self) -> git.Repo:
         return git.Repo(str(self.tree))
@@ -71,9 +70,8 @@ class Workspace:
         if not self.tree.exists():
             self._create(base, upstream_commit, log)
         elif not self.state_path.is_file():
-            raise WorkTreeError(
-                f"{self.tree} exists but was not created by llamacpp-mla-port",
-                "move it away, or pass --work-dir DIR (MLA_PORT_WORK_DIR) to use another place")
+            raise WorkTreeError(f"{self.tree} exists but was not created by llamacpp-mla-port",
+                                "move it away, or pass --work-dir DIR (MLA_PORT_WORK_DIR) to use another place")
         repo = self.repo()
         state = self.state()
         if state.get("base") != base.sha:
@@ -104,8 +102,7 @@ class Workspace:
         else:
             # --local hard-links the cache's objects (a copy across filesystems): fast, and
             # the work tree stays valid if the cache is deleted later
-            git.run(partial.parent, "clone", "-q", "--local", "--no-checkout",
-                    cache.git_dir, str(partial))
+            git.run(partial.parent, "clone", "-q", "--local", "--no-checkout", cache.git_dir, str(partial))
             git.run(partial, "remote", "remove", "origin")
             git.run(partial, "update-ref", "refs/mla-port/base", base.sha)
         git.run(partial, "checkout", "-q", "-b", BASE_BRANCH, base.sha)
@@ -119,8 +116,7 @@ class Workspace:
     def _fetch_base(repo: git.Repo, base: Base) -> None:
         cache = cache_repo()
         depth = ["--depth", "1"] if (Path(cache.git_dir) / "shallow").exists() else []
-        git.run(repo, "fetch", "-q", "--no-tags", *depth, cache.git_dir,
-                f"+{base.ref}:refs/mla-port/base")
+        git.run(repo, "fetch", "-q", "--no-tags", *depth, cache.git_dir, f"+{base.ref}:refs/mla-port/base")
 
     # ------------------------------------------------------------------ checks
     def _drop_stale_index_lock(self, repo: git.Repo) -> None:
@@ -143,9 +139,8 @@ class Workspace:
             if state.get("status") == "applying":
                 git.run(repo, "am", "--abort")       # our own interrupted `git am`
             else:
-                raise WorkTreeError(f"{self.tree} has a `git am` in progress that the tool did "
-                                    "not start", f"finish or abort it (`git -C {self.tree} am "
-                                    "--abort`), then rerun")
+                raise WorkTreeError(f"{self.tree} has a `git am` in progress that the tool did not start",
+                                    f"finish or abort it (`git -C {self.tree} am --abort`), then rerun")
         if state.get("status") == "applying":
             # interrupted mid-apply: whatever is there was written by the tool
             git.run(repo, "reset", "-q", "--hard")
@@ -155,7 +150,7 @@ class Workspace:
         dirty = git.run(repo, "status", "--porcelain", "--untracked-files=normal")
         if dirty:
             lines = dirty.splitlines()
-            shown = "; ".join(l.strip() for l in lines[:8]) + (" ..." if len(lines) > 8 else "")
+            shown = "; ".join(ln.strip() for ln in lines[:8]) + (" ..." if len(lines) > 8 else "")
             raise WorkTreeError(
                 f"{self.tree} has changes the tool did not make: {shown}",
                 f"keep them with `git -C {self.tree} stash -u` (or commit them on a branch of "
@@ -193,8 +188,7 @@ def apply_series(ws: Workspace, repo: git.Repo, base_sha: str, series: Series,
     mtimes -> compare the tree with `want_tree` (the rendered series') -> state applied.
     On a rejected patch (PatchApplyError, with the hunk) or a tree that differs
     (SeriesError) the work tree is back at the base and its state says so."""
-    touched = set(touched) | set(git.run(repo, "diff", "--name-only",
-                                         f"{base_sha}..HEAD").split())
+    touched = set(touched) | set(git.run(repo, "diff", "--name-only", f"{base_sha}..HEAD").split())
     kept = content_stamps(ws.tree, touched)
     ws.save_state(status="applying", head=None)
     try:
@@ -215,12 +209,8 @@ def apply_series(ws: Workspace, repo: git.Repo, base_sha: str, series: Series,
 
 def content_stamps(tree: Path, paths: set[str]) -> dict[str, tuple[bytes, int]]:
     """(content, mtime) of the files a re-apply rewrites, before it rewrites them."""
-    stamps = {}
-    for rel in paths:
-        path = tree / rel
-        if path.is_file():
-            stamps[rel] = (path.read_bytes(), path.stat().st_mtime_ns)
-    return stamps
+    return {rel: ((tree / rel).read_bytes(), (tree / rel).stat().st_mtime_ns)
+            for rel in paths if (tree / rel).is_file()}
 
 
 def restore_unchanged_mtimes(tree: Path, stamps: dict[str, tuple[bytes, int]]) -> None:

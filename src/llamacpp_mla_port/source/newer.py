@@ -17,13 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llamacpp_mla_port.errors import PinError, PortError
-from llamacpp_mla_port.source.pin import Sdist, packager_files
+from llamacpp_mla_port.source.pin import SHA1, SHA256, Sdist, packager_files
 
 FILE = "upstreams.toml"
 _SPEC = re.compile(r"^(?P<package>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)$")
 _TAG = re.compile(r"^b\d+$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_SHA1 = re.compile(r"^[0-9a-f]{40}$")
 #: how a package's version gives the build number N of tag bN: its first field (N.0.0), its last
 #: (YYYY.M.N)
 RULES = {"version-major": 0, "version-last": -1}
@@ -66,9 +64,8 @@ def load(templates_dir: Path) -> tuple[dict[str, dict], list[NewerTree]]:
         missing = [k for k in need if k not in row]
         if missing:
             raise PinError(f"{path}: [[tree]] #{i + 1} has no {', '.join(missing)}",
-                           "every row names tag, build, package, version, filename, sha256, "
-                           "size, subdir and tree")
-        if not _SHA256.match(row["sha256"]) or not _SHA1.match(row["tree"]):
+                           "every row names tag, build, package, version, filename, sha256, size, subdir and tree")
+        if not SHA256.match(row["sha256"]) or not SHA1.match(row["tree"]):
             raise PinError(f"{path}: [[tree]] {row['tag']}: sha256 must be 64 hex digits, tree 40",
                            "copy them from the canary's report of an unrecorded NAME==VERSION")
         sd = Sdist(package=row["package"], version=row["version"], filename=row["filename"],
@@ -81,8 +78,7 @@ def load(templates_dir: Path) -> tuple[dict[str, dict], list[NewerTree]]:
                            "fix the row")
         rows.append(NewerTree(tag=row["tag"], build=int(row["build"]), sdist=sd, recorded=True,
                               build_from=_build_words(sd, rules[sd.package]["build_number"])
-                              if derived is not None else
-                              f"recorded in {FILE}"))
+                              if derived is not None else f"recorded in {FILE}"))
     return rules, rows
 
 
@@ -152,7 +148,7 @@ def resolve(onto: str, templates_dir: Path) -> NewerTree | None:
             return r
     from llamacpp_mla_port.source.obtain import pypi_sdist_file
     url, sha256, size = pypi_sdist_file(package, version)
-    if not _SHA256.match(sha256 or ""):
+    if not SHA256.match(sha256 or ""):
         raise PinError(f"PyPI lists no sha256 for the sdist of {onto}",
                        "download it, check it yourself and record a [[tree]] row")
     rule = rules.get(package, {})

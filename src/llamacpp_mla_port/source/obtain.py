@@ -20,6 +20,7 @@ filled from it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -39,13 +40,11 @@ from llamacpp_mla_port.source.pin import Pin, Sdist
 
 SOURCES = ("auto", "git", "sdist")
 #: fixed identity of an imported sdist base commit: the same tarball gives the same commit id
-IMPORT_IDENTITY = git.identity_env("llamacpp-mla-port", "llamacpp-mla-port@localhost",
-                                   "2000-01-01T00:00:00+00:00")
+IMPORT_IDENTITY = git.identity_env("llamacpp-mla-port", "llamacpp-mla-port@localhost", "2000-01-01T00:00:00+00:00")
 _URL_TIMEOUT = 60
-_NETWORK_MARKERS = ("could not resolve host", "failed to connect", "unable to access",
-                    "connection timed out", "connection refused", "network is unreachable",
-                    "temporary failure in name resolution", "operation timed out",
-                    "could not read from remote", "no route to host", "proxy")
+_NETWORK_MARKERS = ("could not resolve host", "failed to connect", "unable to access", "connection timed out",
+                    "connection refused", "network is unreachable", "temporary failure in name resolution",
+                    "operation timed out", "could not read from remote", "no route to host", "proxy")
 
 
 @dataclass(frozen=True)
@@ -161,12 +160,9 @@ def _differing_files(repo: git.Repo, tree: str, pin: Pin) -> list[str]:
 
 
 # -------------------------------------------------------------------------- sdist source
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sdist_archive(pin: Pin, sdist_file: Path | None = None, log=print) -> Path:
@@ -220,7 +216,7 @@ def fetch_sdist(sd: Sdist, sdist_file: Path | None = None, log=print) -> Path:
 
 
 def _verify_sha(path: Path, expected: str, remove: bool) -> None:
-    got = _sha256(path)
+    got = file_sha256(path)
     if got != expected:
         if remove:
             path.unlink()
@@ -251,8 +247,7 @@ def pypi_releases(package: str) -> dict:
             data = json.load(resp)
     except urllib.error.HTTPError as err:
         if err.code == 404:
-            raise ObtainError(f"PyPI has no project {package}",
-                              "check the name (`pip index versions NAME`)") from None
+            raise ObtainError(f"PyPI has no project {package}", "check the name (`pip index versions NAME`)") from None
         raise NetworkError(f"PyPI answered {err.code} for {url}",
                            "retry later, or download the sdist and pass --sdist-file") from None
     except (urllib.error.URLError, OSError, TimeoutError, ValueError) as err:
@@ -270,8 +265,7 @@ def pypi_sdist_file(package: str, version: str, filename: str | None = None) -> 
     """
     releases = pypi_releases(package)
     if version not in releases:
-        raise ObtainError(f"PyPI has no release {package}=={version}",
-                          "check the version (`pip index versions NAME`)")
+        raise ObtainError(f"PyPI has no release {package}=={version}", "check the version (`pip index versions NAME`)")
     files = [f for f in releases[version] if f.get("packagetype") == "sdist"
              and (filename is None or f.get("filename") == filename)]
     if len(files) != 1:
@@ -344,42 +338,32 @@ def import_archive(archive: Path, sd: Sdist, ref: str, message) -> Imported:
                                       "name the folder (subdir) in templates/upstreams.toml")
                 subdir = found[0]
             prefix = f"{top}{subdir}/" if subdir else top
-            members = []
-            for m in all_members:
-                if not m.name.startswith(prefix):
-                    continue
-                rel = m.name[len(prefix):]
-                if not rel or rel == ".git":   # the submodule pointer of the sdist's own repo
-                    continue
-                m.name = rel
-                members.append(m)
+            # `.git`: the submodule pointer of the sdist's own repo
+            members = [m for m in all_members if m.name.startswith(prefix) and m.name[len(prefix):] not in ("", ".git")]
+            for m in members:
+                m.name = m.name[len(prefix):]
             if not members:
                 raise ObtainError(f"{archive.name} has no {subdir or 'files'}/",
                                   "the recorded subdir is wrong for this archive")
             root.mkdir()
             tar.extractall(root, members=members, filter="data")
             pkg_version = None
-            try:
+            with contextlib.suppress(KeyError):
                 info = tar.extractfile(f"{top}PKG-INFO")
                 if info is not None:
                     pkg_version = _pkg_info_version(info.read().decode("utf-8", "replace"))
-            except KeyError:
-                pass
         missing = missing_llama_files(root)
         if missing:
             raise ObtainError(f"{archive.name}:{subdir}/ is not a llama.cpp source tree (no "
                               f"{', '.join(missing)})", "name the folder that holds llama.cpp")
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(root),
-               "GIT_DIR": repo.git_dir}
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(root), "GIT_DIR": repo.git_dir}
         # -f: the archive is the tree, whatever its .gitignore says
         git.run(repo, "add", "-A", "-f", ".", env=env)
         tree = git.run(repo, "write-tree", env=env)
         if sd.tree and tree != sd.tree:
             raise ObtainError(f"the sdist tree is {tree}, the recorded one is {sd.tree}",
-                              "the archive passed its checksum but imports differently: "
-                              "report a bug (git version?)")
-        sha = git.run(repo, "commit-tree", tree, "-m", message(subdir, pkg_version),
-                      env=IMPORT_IDENTITY)
+                              "the archive passed its checksum but imports differently: report a bug (git version?)")
+        sha = git.run(repo, "commit-tree", tree, "-m", message(subdir, pkg_version), env=IMPORT_IDENTITY)
         git.run(repo, "update-ref", ref, sha)
     return Imported(base=_lookup(repo, ref), subdir=subdir, pkg_version=pkg_version)
 
@@ -402,8 +386,7 @@ def import_sdist(pin: Pin, sdist_file: Path | None = None, log=print) -> Base:
         return hit
     archive = sdist_archive(pin, sdist_file, log)
     sd = pin.sdist
-    upstream = (f"Upstream-Commit: {pin.commit}\n" if pin.commit else
-                f"Upstream-Tag: {pin.tag}\n")
+    upstream = f"Upstream-Commit: {pin.commit}\n" if pin.commit else f"Upstream-Tag: {pin.tag}\n"
     message = (f"llama.cpp {pin.short} from the PyPI sdist\n\n"
                f"Imported from {sd.filename} ({sd.subdir}/), sha256 {sd.sha256}.\n\n"
                + upstream)

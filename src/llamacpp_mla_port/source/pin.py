@@ -13,8 +13,8 @@ from pathlib import Path
 
 from llamacpp_mla_port.errors import PinError
 
-_SHA1 = re.compile(r"^[0-9a-f]{40}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+SHA1 = re.compile(r"^[0-9a-f]{40}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Sdist:
 def packager_files(table: dict, where: str) -> tuple[tuple[str, str], ...]:
     """A table's `packager_files` ({path = blob id}), checked; () when it has none."""
     files = table.get("packager_files", {})
-    if not isinstance(files, dict) or not all(isinstance(b, str) and _SHA1.match(b) for b in files.values()):
+    if not isinstance(files, dict) or not all(isinstance(b, str) and SHA1.match(b) for b in files.values()):
         raise PinError(f"{where}: packager_files must map each path to its 40-hex blob id",
                        "write it as packager_files = { \"path/in/tree\" = \"<blob id>\" } "
                        "(`git ls-tree <tree> -- PATH` gives the id)")
@@ -74,13 +74,12 @@ class Pin:
 
     def with_commit(self, commit: str, url: str | None = None) -> "Pin":
         """Another commit (e.g. `--commit`): the sdist no longer describes it."""
-        if not _SHA1.match(commit):
+        if not SHA1.match(commit):
             raise PinError(f"--commit {commit!r} is not a full 40-hex commit id",
                            "pass the full id, e.g. from `git rev-parse <ref>`")
         if commit == self.commit and url in (None, self.url):
             return self
-        return replace(self, commit=commit, tag=commit[:12], url=url or self.url,
-                       sdist=None)
+        return replace(self, commit=commit, tag=commit[:12], url=url or self.url, sdist=None)
 
 
 def _need(table: dict, key: str, where: str, path: Path):
@@ -98,25 +97,23 @@ def load_pin(path: Path) -> Pin:
         raise PinError(f"pin file {path} is missing",
                        "restore it from git (`git checkout templates/pin.toml`)") from None
     except tomllib.TOMLDecodeError as err:
-        raise PinError(f"pin file {path} is not valid TOML: {err}",
-                       "fix the syntax or restore it from git") from None
+        raise PinError(f"pin file {path} is not valid TOML: {err}", "fix the syntax or restore it from git") from None
     up = _need(data, "upstream", "upstream", path) if "upstream" in data else None
     if not isinstance(up, dict):
         raise PinError(f"{path}: missing [upstream] table", "restore templates/pin.toml from git")
     commit = str(up["commit"]) if "commit" in up else None
-    if commit is not None and not _SHA1.match(commit):
+    if commit is not None and not SHA1.match(commit):
         raise PinError(f"{path}: upstream.commit {commit!r} is not a full 40-hex commit id",
-                       "pins are full commit ids, never branches; leave `commit` out to pin "
-                       "a tag by its sdist tree id")
+                       "pins are full commit ids, never branches; leave `commit` out to pin a tag by its sdist tree id")
     sdist = None
     if "sdist" in data:
         s = data["sdist"]
         sdist = Sdist(**{k: _need(s, k, "sdist", path) for k in
                          ("package", "version", "filename", "sha256", "size", "subdir", "tree")},
                       packager_files=packager_files(s, f"{path} [sdist]"))
-        if not _SHA256.match(sdist.sha256):
+        if not SHA256.match(sdist.sha256):
             raise PinError(f"{path}: sdist.sha256 is not a 64-hex digest", "fix the pin")
-    if commit is None and (sdist is None or not _SHA1.match(str(sdist.tree))):
+    if commit is None and (sdist is None or not SHA1.match(str(sdist.tree))):
         raise PinError(f"{path}: [upstream] has no `commit` and no [sdist] tree id names the tree",
                        "add upstream.commit, or the [sdist] table (with `tree`) of the release")
     return Pin(url=str(_need(up, "url", "upstream", path)), commit=commit,

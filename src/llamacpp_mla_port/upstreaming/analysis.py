@@ -99,11 +99,9 @@ def analyse(series: Series, read_base, base_label: str, extra_vars: dict,
                 report("ok", message="new file")
                 return True
             if step.before == rendered.encode("utf-8"):
-                report(MERGED, line=1, message="the file already exists upstream "
-                       "with exactly this content")
+                report(MERGED, line=1, message="the file already exists upstream with exactly this content")
             else:
-                report("file-exists", message=f"{path} already exists upstream "
-                       "with other content")
+                report("file-exists", message=f"{path} already exists upstream with other content")
             return False
         if text is None:
             report("file-missing", anchor=change.anchor,
@@ -131,12 +129,10 @@ def analyse(series: Series, read_base, base_label: str, extra_vars: dict,
             if grew:
                 at = _line(text, text.index(rendered, lo, hi))
                 report(MERGED, anchor=change.anchor, line=at, present=count,
-                       message=f"the anchor moved or went, but the inserted text is "
-                       f"already in {path} at line {at}")
+                       message=f"the anchor moved or went, but the inserted text is already in {path} at line {at}")
                 return False
             report(where.status, anchor=where.pattern, candidates=where.candidates, present=count,
-                   message=_failure_text(where.status, path, where.pattern, where.candidates,
-                                         base_label))
+                   message=_failure_text(where.status, path, where.pattern, where.candidates, base_label))
             return False
         start, end = where.start, where.end
         line = _line(text, start)
@@ -149,8 +145,7 @@ def analyse(series: Series, read_base, base_label: str, extra_vars: dict,
         if was is not None and count > was:
             at = _line(text, text.index(rendered, lo, hi))
             report(MERGED, anchor=change.anchor, line=at, present=count,
-                   message=f"the inserted text is already in {path} at line {at} "
-                   f"(the anchor is at line {line})")
+                   message=f"the inserted text is already in {path} at line {at} (the anchor is at line {line})")
             return False
         hits = own_words.upstream_hits(path, added, text, start, end, before.near) \
             if before is not None and before.near is not None else []

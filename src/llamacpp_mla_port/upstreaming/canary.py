@@ -87,16 +87,13 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
     entry)` is called as each stage ends (the verb prints one line per stage)."""
     started = time.monotonic()
     ws = Workspace(opts.canary_dir)
-    report: dict = {"ok": False, "stage": None, "onto": None, "old": None,
+    pin = load_pin(opts.places.pin_file)
+    report: dict = {"ok": False, "stage": None, "onto": None, "old": {"commit": pin.commit, "tag": pin.tag},
                     "canary_dir": str(opts.canary_dir), "tree": str(ws.tree),
                     "build_dir": str(ws.build_dir), "stages": {}, "failure": None}
     state: dict = {}
-    pin = load_pin(opts.places.pin_file)
-    report["old"] = {"commit": pin.commit, "tag": pin.tag}
-    steps = [("obtain", lambda: _obtain(opts, pin, state, log)),
-             ("anchor", lambda: _anchor(opts, state, log)),
-             ("apply", lambda: _apply(opts, ws, state, log)),
-             ("build", lambda: _build(opts, ws, state))]
+    steps = [("obtain", lambda: _obtain(opts, pin, state, log)), ("anchor", lambda: _anchor(opts, state, log)),
+             ("apply", lambda: _apply(opts, ws, state, log)), ("build", lambda: _build(opts, ws, state))]
     if opts.prove:
         steps.append(("proof", lambda: _prove(opts, ws, log)))
 
@@ -126,8 +123,7 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
         report["verdict"] = "failed"
         name = runner.failed
         report["stage"] = name
-        evidence = {k: v for k, v in report["stages"][name].items()
-                    if k not in ("ok", "seconds", "figures")}
+        evidence = {k: v for k, v in report["stages"][name].items() if k not in ("ok", "seconds", "figures")}
         report["failure"] = {"stage": name, **evidence}
     runner.skip_rest(name for name, _ in steps)
     not_asked = {"proof": "not asked (--no-proof)"}
@@ -141,9 +137,8 @@ def run_canary(opts: CanaryOptions, log=print, on_stage=None) -> dict:
 
 # ------------------------------------------------------------------------------ stages
 def _obtain(opts: CanaryOptions, pin, state: dict, log) -> dict:
-    ropts = RebaseOptions(onto=opts.onto, places=opts.places.with_flags(work_dir=opts.canary_dir),
-                          git_url=opts.git_url, canary=True, tag=opts.tag,
-                          patches_out=opts.places.canary_patches.absolute())
+    ropts = RebaseOptions(onto=opts.onto, places=opts.places.with_flags(work_dir=opts.canary_dir), git_url=opts.git_url,
+                          canary=True, tag=opts.tag, patches_out=opts.places.canary_patches.absolute())
     target: Target = ropts.target(pin, log)
     state.update(target=target, ropts=ropts)
     state["onto"] = {"commit": target.commit, "tag": target.tag, "url": target.url,
@@ -162,9 +157,8 @@ def _anchor(opts: CanaryOptions, state: dict, log) -> dict:
     n = len(outcome.changes)
     moved = sum(1 for c in outcome.changes if c.status in ("ok", PROBABLE) and c.old_line not in (None, c.line))
     summary = {"changes": n, "found": sum(1 for c in outcome.changes if not c.failed and c.status != MERGED),
-               "moved": moved, "relation": outcome.relation, "notes": outcome.notes,
-               "stacks": outcome.stacks, "verdict": outcome.verdict,
-               "probably_merged": [dataclasses.asdict(c) for c in outcome.probably_merged],
+               "moved": moved, "relation": outcome.relation, "notes": outcome.notes, "stacks": outcome.stacks,
+               "verdict": outcome.verdict, "probably_merged": [dataclasses.asdict(c) for c in outcome.probably_merged],
                "tree_identity": outcome.tree_identity.to_json()}
     if outcome.status == "stack-conflict":
         bad = next(t for t in outcome.stacks if not t["ok"])
@@ -204,16 +198,14 @@ def _apply(opts: CanaryOptions, ws: Workspace, state: dict, log) -> dict:
                            "patch": d.get("patch"), "subject": d.get("subject"), "file": d.get("file"),
                            "line": d.get("line"), "hunk": d.get("hunk"), "output": d.get("output")})
     except SeriesError as err:
-        raise StageFailed({"message": err.message, "patch": None, "file": None, "line": None,
-                           "hunk": None})
+        raise StageFailed({"message": err.message, "patch": None, "file": None, "line": None, "hunk": None})
     return {"patches": len(patches), "head": head}
 
 
 def _build(opts: CanaryOptions, ws: Workspace, state: dict) -> dict:
     targets = build_mod.TARGET_SETS["smoke"]     # the proof's targets
     try:
-        build_mod.ensure_build(ws.tree, ws.build_dir, targets, opts.cmake_args, opts.jobs,
-                               echo=False, rpc=opts.rpc)
+        build_mod.ensure_build(ws.tree, ws.build_dir, targets, opts.cmake_args, opts.jobs, echo=False, rpc=opts.rpc)
     except PortError as err:
         log_path, first, where = _first_build_error(ws.build_dir, ws.tree)
         evidence = {"message": where or err.message.splitlines()[0], "log": str(log_path), "error": first,
@@ -291,8 +283,7 @@ def _prove_stack(bins: Path, files: list[str], logs: Path) -> list[str]:
     table, _ = archs_table(bins / "test-llama-archs", logs, "stack")
     failed = sorted(k for k, v in table.items() if v == "FAIL")
     for op in stack_scope(files)[1]:
-        cases = backend_ops_results(run_tool([str(bins / "test-backend-ops"), "-b", "CPU", "-o", op], 3600,
-                                             ok=(0, 1)))
+        cases = backend_ops_results(run_tool([str(bins / "test-backend-ops"), "-b", "CPU", "-o", op], 3600, ok=(0, 1)))
         failed += sorted(k for k, v in cases.items() if v == "FAIL")
     return failed
 

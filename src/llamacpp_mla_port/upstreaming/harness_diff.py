@@ -10,9 +10,6 @@ A case that passes on the base and not on the patched tree is a regression, and 
 the patched tree runs (the series' own) that fails is one too. The count of cases each side
 ran is reported beside them, so a side that ran nothing is seen (and refused).
 
-    run_diff(base_dir, patched_dir, isas, ops, archs, jobs, log) -> dict
-    sweep(repo, root, name, base_sha, head_sha, base_label, ...) -> dict   (report.json/.md)
-
 `harness-diff` runs one sweep (the series, or --stack NAME); `make pr` runs one per PR stack,
 scoped by stack_scope, and EVIDENCE.md carries its table (evidence_section).
 """
@@ -31,11 +28,10 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from llamacpp_mla_port.build import ensure_build
-from llamacpp_mla_port.project import bin_dir
 from llamacpp_mla_port.errors import BuildError, ProofError
 from llamacpp_mla_port import process
 from llamacpp_mla_port.process import git
-from llamacpp_mla_port.project import build_in, tree_in
+from llamacpp_mla_port.project import bin_dir, build_in, tree_in
 from llamacpp_mla_port.jsonfile import write_json
 
 #: CMake options of each ggml-cpu build; every option not named keeps its default on both sides
@@ -79,17 +75,11 @@ def backend_ops_results(stdout: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for m in _OPS_CASE.finditer(_ANSI.sub("", stdout)):
         rest = m["rest"].strip()
-        if rest.endswith("OK"):
-            status = "OK"
-        elif rest.endswith("FAIL"):
-            status = "FAIL"
-        elif rest.startswith("not supported"):
-            status = "UNSUPPORTED"
-        elif rest.startswith("skipping"):
-            status = "SKIP"
-        else:
-            continue
-        out[m["case"]] = status
+        status = ("OK" if rest.endswith("OK") else "FAIL" if rest.endswith("FAIL")
+                  else "UNSUPPORTED" if rest.startswith("not supported") else "SKIP" if rest.startswith("skipping")
+                  else None)
+        if status is not None:
+            out[m["case"]] = status
     return out
 
 
@@ -103,9 +93,8 @@ def compare(base: dict[str, str], patched: dict[str, str], what: str) -> dict:
     regressions = sorted(k for k, v in base.items() if v == "OK" and patched.get(k) != "OK")
     new_failures = sorted(k for k, v in patched.items() if k not in base and v == "FAIL")
     return {"what": what, "base": dict(Counter(base.values())), "patched": dict(Counter(patched.values())),
-            "base_cases": len(base), "patched_cases": len(patched),
-            "new_cases": len(set(patched) - set(base)), "regressions": regressions,
-            "new_failures": new_failures, "ok": not regressions and not new_failures}
+            "base_cases": len(base), "patched_cases": len(patched), "new_cases": len(set(patched) - set(base)),
+            "regressions": regressions, "new_failures": new_failures, "ok": not regressions and not new_failures}
 
 
 def run_tool(cmd: list[str], timeout: float, ok: tuple[int, ...] = (0,), env: dict | None = None) -> str:
@@ -262,8 +251,7 @@ def sweep(repo, root: Path, name: str, base_sha: str, head_sha: str, base_label:
     export_commit(repo, base_sha, tree_in(root / "base"))
     export_commit(repo, head_sha, tree_in(out))
     report = run_diff(root / "base", out, isas=isas, ops=ops, archs=archs, jobs=jobs, log=log)
-    report.update({"target": name, "base": base_label, "base_sha": base_sha, "head": head_sha,
-                   "archs": archs})
+    report.update({"target": name, "base": base_label, "base_sha": base_sha, "head": head_sha, "archs": archs})
     write_report(out, report)
     return report
 
@@ -340,7 +328,5 @@ def evidence_section(report_dir: Path, name: str, base: str, head: str | None = 
                                        "test-backend-ops.", ""])
     if report is None:
         return "\n".join(head_lines + [f"{why}: rerun `{command}`.", ""])
-    ok = ("no case that passes on the base fails here, and no new case fails" if report.get("ok")
-          else "REGRESSIONS")
-    return "\n".join(head_lines + [f"`{command}` ({report.get('seconds')} s): {ok}.", "",
-                                   markdown(report)])
+    ok = "no case that passes on the base fails here, and no new case fails" if report.get("ok") else "REGRESSIONS"
+    return "\n".join(head_lines + [f"`{command}` ({report.get('seconds')} s): {ok}.", "", markdown(report)])

@@ -16,7 +16,7 @@ agree: both add upstream's line); own_words.py looks for that.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import unidiff
 
@@ -35,8 +35,7 @@ class Identity:
     note: str = ""
 
     def to_json(self) -> dict:
-        return {"checked": self.checked, "commits": self.commits, "files": self.files,
-                "regions": self.regions, "note": self.note}
+        return asdict(self)
 
 
 def not_run(why: str) -> Identity:

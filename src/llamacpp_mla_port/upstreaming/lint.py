@@ -168,12 +168,7 @@ def flake8_excludes(config: Path) -> list[str]:
     parser = configparser.ConfigParser()
     parser.read_string(config.read_text(encoding="utf-8"))
     raw = parser.get("flake8", "exclude", fallback="")
-    out = []
-    for line in raw.splitlines():
-        for part in line.split("#", 1)[0].split(","):
-            if part.strip():
-                out.append(part.strip())
-    return out
+    return [part.strip() for line in raw.splitlines() for part in line.split("#", 1)[0].split(",") if part.strip()]
 
 
 def flake8_findings(tree: Path, files: Iterable[str]) -> list[Finding]:
@@ -200,8 +195,7 @@ def flake8_findings(tree: Path, files: Iterable[str]) -> list[Finding]:
     for line in proc.stdout.splitlines():
         m = _FLAKE8_LINE.match(line.strip())
         if m:
-            out.append(Finding("flake8", m["file"].removeprefix("./"), int(m["line"]), m["code"],
-                               m["msg"]))
+            out.append(Finding("flake8", m["file"].removeprefix("./"), int(m["line"]), m["code"], m["msg"]))
     if proc.returncode not in (0, 1) or (proc.returncode == 1 and not out):
         out.append(Finding("flake8", "", None, "error", (proc.stderr or proc.stdout).strip()[-500:]))
     return out
@@ -278,13 +272,10 @@ def tree_checks(tree: Path, files: list[str], whole: dict | None = None) -> dict
     if whole is None:
         ty = ty_findings(tree)
         whole = {"ty": [_unplaced(x) for x in ty] if isinstance(ty, list) else ty,
-                 "model-naming": model_naming_errors(tree),
-                 "pre-tokenizer": pretokenizer_findings(tree)}
-    return {
-        "flake8": [_unplaced(str(f)) for f in flake8_findings(tree, files)],
-        "editorconfig": [_unplaced(str(f)) for f in whitespace_findings(tree, files)],
-        **{k: whole[k] for k in ("ty", "model-naming", "pre-tokenizer")},
-    }
+                 "model-naming": model_naming_errors(tree), "pre-tokenizer": pretokenizer_findings(tree)}
+    return {"flake8": [_unplaced(str(f)) for f in flake8_findings(tree, files)],
+            "editorconfig": [_unplaced(str(f)) for f in whitespace_findings(tree, files)],
+            **{k: whole[k] for k in ("ty", "model-naming", "pre-tokenizer")}}
 
 
 def introduced(base: dict, patched: dict) -> dict:

@@ -13,7 +13,8 @@ just above or below ours).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 
 from llamacpp_mla_port.series.anchors import line_of, tokens
@@ -44,7 +45,7 @@ class Hit:
     ours: str        # the line as the change adds it
 
     def to_json(self) -> dict:
-        return {"line": self.line, "text": self.text, "ours": self.ours}
+        return asdict(self)
 
 
 def _comment_style(path: str) -> str:
@@ -89,15 +90,13 @@ def window(text: str, start: int, end: int, extra: int) -> tuple[int, list[str]]
 def added_lines(rendered: str, replaced: str) -> list[str]:
     """The lines a change adds: what it inserts, less the lines of what it replaces (`replaced`
     is empty for an insertion)."""
-    gone = {}
-    for ln in replaced.splitlines():
-        gone[ln.strip()] = gone.get(ln.strip(), 0) + 1
+    gone = Counter(ln.strip() for ln in replaced.splitlines())
     out = []
     for ln in rendered.splitlines():
-        if gone.get(ln.strip(), 0):
+        if gone[ln.strip()]:
             gone[ln.strip()] -= 1
-            continue
-        out.append(ln)
+        else:
+            out.append(ln)
     return out
 
 

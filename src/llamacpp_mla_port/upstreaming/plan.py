@@ -26,8 +26,7 @@ from llamacpp_mla_port.upstreaming.pr_docs import DESCRIPTION
 PLAN, ISSUE, COMMENT = "PLAN.md", "ISSUE-SKELETON.md", "COMMENT-KIT.md"
 FORMS = ".github/ISSUE_TEMPLATE"
 #: when the base tree has no feature-request form (upstream's 020-enhancement.yml sections)
-FALLBACK_SECTIONS = (("Feature Description", True), ("Motivation", True),
-                     ("Possible Implementation", False))
+FALLBACK_SECTIONS = (("Feature Description", True), ("Motivation", True), ("Possible Implementation", False))
 #: the rpc comment kit: what the MSG_NOSIGNAL change and the reproducer are found by
 RPC_DIR, NOSIGNAL, LOST_TEST = "ggml/src/ggml-rpc/", "MSG_NOSIGNAL", "test-rpc-multi-server"
 REPRODUCER = re.compile(r"SIGPIPE|kill|lost", re.I)
@@ -62,8 +61,7 @@ def _stack_lines(st: Stack, r: dict | None) -> list[str]:
     if st.why:
         lines.append(f"- why {'not a PR of ours' if st.upstream == 'comment' else 'it is kept back'}: {st.why}")
     if st.issue_first:
-        lines.append(f"- first: an upstream issue ({st.name}/{ISSUE}); the PR waits until a "
-                     "maintainer is interested")
+        lines.append(f"- first: an upstream issue ({st.name}/{ISSUE}); the PR waits until a maintainer is interested")
     if st.depends:
         lines.append(f"- based on: {', '.join(st.depends)} (open it once "
                      f"{'that has' if len(st.depends) == 1 else 'they have'} merged)")
@@ -147,8 +145,7 @@ def feature_form(repo: git.Repo, base: str) -> tuple[str, dict] | None:
 
 
 def issue_skeleton(st: Stack, form: tuple[str, dict] | None, evidence: list[dict]) -> str:
-    path, f = form or (None, {"name": "", "title": "", "checkboxes": [],
-                              "sections": list(FALLBACK_SECTIONS)})
+    path, f = form or (None, {"name": "", "title": "", "checkboxes": [], "sections": list(FALLBACK_SECTIONS)})
     lines = [f"# Upstream issue for the `{st.name}` stack: a skeleton, not an issue", "",
              "The words are yours: replace every <...>, delete the facts section, and open "
              "the issue yourself (the tool submits nothing; the form forbids pasted model output).",
@@ -215,8 +212,7 @@ def comment_kit(st: Stack, patches: list[Path], evidence: list[dict], subjects: 
     if st.bench is not None:
         return measurement_kit(st, patches, evidence, measurements)
     pr = f"#{st.comment_on}"
-    replaced = [f"`{s}` (series/{slug})" for slug, s in zip(st.commits, subjects)
-                if not s.startswith("tests :")]
+    replaced = [f"`{s}` (series/{slug})" for slug, s in zip(st.commits, subjects) if not s.startswith("tests :")]
     repro = [e for e in evidence if REPRODUCER.search(e["claim"])]
     lines = [f"# A comment on upstream PR {pr}: the `{st.name}` stack's kit", "",
              f"The `{st.name}` stack is not opened as a pull request: upstream PR {pr} does the "

@@ -73,6 +73,9 @@ class CommitCheck:
     def ok(self) -> bool:
         return self.build_ok is not False and not self.findings
 
+    def to_json(self) -> dict:
+        return {**asdict(self), "ok": self.ok, "findings": [asdict(f) for f in self.findings]}
+
 
 BuildFn = Callable[[Path, Path, list[str]], object]
 #: upstream CI's CPU build (.github/workflows/build-cpu.yml, with the RPC backend): not native,
@@ -98,8 +101,7 @@ def series_commits(repo: Path, base: str, head: str) -> list[tuple[str, str]]:
 
 
 def touched_files(repo: Path, sha: str) -> list[str]:
-    out = git.run(repo, "diff-tree", "--no-commit-id", "--name-only", "--diff-filter=d",
-                  "-r", sha)
+    out = git.run(repo, "diff-tree", "--no-commit-id", "--name-only", "--diff-filter=d", "-r", sha)
     return [f for f in out.splitlines() if f]
 
 
@@ -109,13 +111,9 @@ def touched_warnings(log_path: Path, files: list[str]) -> list[str]:
         text = log_path.read_text(errors="replace")
     except OSError:
         return []
-    out = []
-    for line in text.splitlines():
-        if ": warning:" in line and any(f"/{f}:" in line or line.startswith(f"{f}:")
-                                        for f in files):
-            if line.strip() not in out:
-                out.append(line.strip())
-    return out
+    hits = (ln.strip() for ln in text.splitlines()
+            if ": warning:" in ln and any(f"/{f}:" in ln or ln.startswith(f"{f}:") for f in files))
+    return list(dict.fromkeys(hits))
 
 
 def check_commits(repo: Path, base: str, head: str, checkout: Path, build_dir: Path,
@@ -136,10 +134,9 @@ def check_commits(repo: Path, base: str, head: str, checkout: Path, build_dir: P
         git.run(checkout, "checkout", "-q", "-f", "--detach", sha)
         git.run(checkout, "clean", "-q", "-fdx")   # tool-owned: no leftovers between commits
         files = touched_files(repo, sha)
-        check = CommitCheck(sha=sha, title=title, files=files)
         config = EditorConfig.load(checkout)
-        check.findings += flake8_findings(checkout, files)
-        check.findings += whitespace_findings(checkout, files, config)
+        check = CommitCheck(sha=sha, title=title, files=files,
+                            findings=flake8_findings(checkout, files) + whitespace_findings(checkout, files, config))
         if build is not None:
             log(f"pr: building {sha[:12]} {title}")
             t0 = time.monotonic()
@@ -158,7 +155,6 @@ def check_commits(repo: Path, base: str, head: str, checkout: Path, build_dir: P
     return results
 
 
-# ------------------------------------------------------------------------------- proof
 # ------------------------------------------------------------------------- PR folders
 SMOKE_COMMAND = ".venv/bin/llamacpp-mla-port smoke"
 
@@ -183,8 +179,7 @@ def run_evidence(stack: Stack, cwd: Path, proof: dict | None, skip: bool, log=pr
             log(f"pr: evidence for {stack.name}: {ev.command}")
             proc = process.run(ev.command, shell=True, cwd=cwd, timeout=3600)
             entry.update(status="pass" if proc.returncode == 0 else "FAIL", rc=proc.returncode,
-                         seconds=round(proc.seconds, 1),
-                         output_tail=(proc.stdout + proc.stderr)[-2000:])
+                         seconds=round(proc.seconds, 1), output_tail=(proc.stdout + proc.stderr)[-2000:])
         out.append(entry)
     return out
 
@@ -214,8 +209,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", places: P
     applied = stacks_mod.verify(repo, rs, folder)
     stat = stacks_mod.diffstat(repo, rs.base, rs.head)
     patch_files = read_series(folder / "patches") + [folder / stacks_mod.SQUASHED]
-    style_findings = {p.name: [str(f) for f in style.patch_findings(p.read_text())]
-                      for p in patch_files}
+    style_findings = {p.name: [str(f) for f in style.patch_findings(p.read_text())] for p in patch_files}
     based_on = [s.name for s in series.base_of(rs.stack)]
     facts = {"base": f"{pin.tag} ({pin.commit or 'tree ' + pin.tree}), work-tree base {rs.base}"
                      + (f" (the head of {' + '.join(based_on)})" if based_on else ""),
@@ -238,9 +232,7 @@ def write_stack_folder(repo: git.Repo, rs: "stacks_mod.RenderedStack", places: P
     }
     ok = all(v is not False for k, v in checks.items() if k != "build_note")
     result = {"ok": ok, "stack": rs.stack.name, "title": rs.stack.title, "folder": str(folder),
-              "checks": checks, "facts": facts, "style": style_findings,
-              "commits": [{**asdict(c), "ok": c.ok, "findings": [asdict(f) for f in c.findings]}
-                          for c in commits],
+              "checks": checks, "facts": facts, "style": style_findings, "commits": [c.to_json() for c in commits],
               "head": rs.head, "squashed": rs.squashed, "upstream_checks": upstream}
     write_json(folder / "checks.json", result)
     write_json(folder / "evidence.json", entries)
@@ -283,8 +275,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log
     ws = Workspace(places.work_dir)
     if not ws.state_path.is_file():
         raise WorkTreeError(f"no tool work tree at {ws.tree}", "run `make patch` first")
-    repo = ws.repo()
-    state = ws.state()
+    repo, state = ws.repo(), ws.state()
     ws.require_clean(repo)
     head = git.run(repo, "rev-parse", "HEAD")
     if state.get("status") != "applied" or state.get("head") != head:
@@ -301,8 +292,7 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log
     if unknown:
         raise SeriesError(f"no PR stack {', '.join(unknown)} in templates/port.toml",
                           f"stacks: {', '.join(st.name for st in series.stacks)}")
-    rendered = stacks_mod.render_stacks(repo, series, base, pin.short,
-                                        {"pin": pin}, list(opts.stacks) or None)
+    rendered = stacks_mod.render_stacks(repo, series, base, pin.short, {"pin": pin}, list(opts.stacks) or None)
     per_stack: dict[str, list[CommitCheck]] = {}
     upstream_checks: dict[str, dict] = {}
     checkout = project.tree_in(places.pr_dir)
@@ -333,11 +323,9 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log
         log(f"pr: the proof on the series head; progress in {places.pr_proof_dir / 'proof.log'}")
         proof = smoke(places.pr_proof_dir, Build(ws.tree, ws.build_dir), **opts.proof_settings)
 
-    checks = {
-        "patches_match": drift == "",
-        **_commit_checks(commits, opts, "commits, each stack's in order from the base"),
-        "proof": proof.get("ok"),
-    }
+    checks = {"patches_match": drift == "",
+              **_commit_checks(commits, opts, "commits, each stack's in order from the base"),
+              "proof": proof.get("ok")}
     # the evidence folder is rewritten whole: stale files from an older run would mislead
     shutil.rmtree(evidence, ignore_errors=True)
     (evidence / "series").mkdir(parents=True)
@@ -357,33 +345,23 @@ def make_pr(opts: PrOptions, build: BuildFn | None = None, smoke=prove_into, log
                      "error": c.build_error, "warnings_in_touched_files": c.warnings}
                     for c in commits],
     }
-    results = {
-        "ok": all(v is not False for k, v in checks.items() if k != "build_note"),
-        "skipped": [k for k, v in checks.items() if v is None],
-        "checks": checks,
-        "patches_drift": drift,
-        "commits": [{**asdict(c), "ok": c.ok, "findings": [asdict(f) for f in c.findings]}
-                    for c in commits],
-        "build": build_summary,
-        "proof_summary": proof_summary(proof) if proof.get("status") != "skipped" else None,
-    }
+    results = {"ok": all(v is not False for k, v in checks.items() if k != "build_note"),
+               "skipped": [k for k, v in checks.items() if v is None], "checks": checks, "patches_drift": drift,
+               "commits": [c.to_json() for c in commits], "build": build_summary,
+               "proof_summary": proof_summary(proof) if proof.get("status") != "skipped" else None}
     write_json(evidence / "upstream.json", upstream_info)
     write_json(evidence / "checks.json", results)
     write_json(evidence / "proof.json", proof)
     write_json(evidence / "summary.json", {"ok": results["ok"], "checks": checks, "upstream": upstream_info,
                                            "build": build_summary, "proof": results["proof_summary"]})
     template = git.read_blob(repo, base, ".github/pull_request_template.md")
-    (evidence / "CHECKLIST.md").write_text(
-        checklist(template.decode("utf-8") if template is not None else None, checks))
     template_text = template.decode("utf-8") if template is not None else None
-    pr_folders = {}
-    for rs in rendered:
-        entry = write_stack_folder(repo, rs, places, pin, series,
-                                   per_stack[rs.stack.name], proof, template_text, opts,
-                                   drift == "", upstream_checks.get(rs.stack.name), log)
-        pr_folders[rs.stack.name] = entry
-        if not entry["ok"]:
-            results["ok"] = False
+    (evidence / "CHECKLIST.md").write_text(checklist(template_text, checks))
+    pr_folders = {rs.stack.name: write_stack_folder(repo, rs, places, pin, series, per_stack[rs.stack.name], proof,
+                                                    template_text, opts, drift == "",
+                                                    upstream_checks.get(rs.stack.name), log)
+                  for rs in rendered}
+    results["ok"] = results["ok"] and all(entry["ok"] for entry in pr_folders.values())
     results["stacks"] = pr_folders
     plan_path = plan.write_plan(series, pr_folders, places.pr_dir)
     write_json(evidence / "checks.json", results)

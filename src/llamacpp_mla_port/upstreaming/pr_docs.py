@@ -122,8 +122,7 @@ def evidence_markdown(stack: Stack, entries: list[dict], facts: dict, upstream: 
                   "not from llama.cpp) and what it gave in this run.", ""]
     for i, e in enumerate(entries, 1):
         lines += [f"### {i}. {e['claim']}", "", "```sh", e["command"], "```", "",
-                  f"- result: **{e['status']}**" + (f" (exit {e['rc']}, {e['seconds']} s)"
-                                                    if "rc" in e else ""),
+                  f"- result: **{e['status']}**" + (f" (exit {e['rc']}, {e['seconds']} s)" if "rc" in e else ""),
                   *([f"- {e['note']}"] if e.get("note") else []), ""]
         if e.get("figures"):
             lines += ["```json", json.dumps(e["figures"], indent=2), "```", ""]

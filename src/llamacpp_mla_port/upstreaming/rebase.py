@@ -32,7 +32,9 @@ ok; a rebase still moves the pin, and says what to review.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -59,11 +61,7 @@ from llamacpp_mla_port.upstreaming.targets import Target, relation, resolve_targ
 def pin_text(old: Pin, new: Pin, old_text: str) -> str:
     """The new pin.toml: the header comment kept, [upstream] moved, [sdist] kept only when
     the new base is byte-for-byte the tree the sdist vendors."""
-    header = []
-    for line in old_text.splitlines():
-        if line.startswith("["):
-            break
-        header.append(line)
+    header = list(itertools.takewhile(lambda ln: not ln.startswith("["), old_text.splitlines()))
     while header and not header[-1].strip():
         header.pop()
     commit = [f'commit = "{new.commit}"'] if new.commit else [
@@ -78,9 +76,8 @@ def pin_text(old: Pin, new: Pin, old_text: str) -> str:
         out += ["# The same tree, shipped inside a PyPI source distribution (kept: the new commit's",
                 "# tree is the one this sdist vendors).", "[sdist]"]
     if sd is not None:
-        out += [f'package = "{sd.package}"', f'version = "{sd.version}"',
-                f'filename = "{sd.filename}"', f'sha256 = "{sd.sha256}"', f"size = {sd.size}",
-                f'subdir = "{sd.subdir}"', f'tree = "{sd.tree}"']
+        out += [f'package = "{sd.package}"', f'version = "{sd.version}"', f'filename = "{sd.filename}"',
+                f'sha256 = "{sd.sha256}"', f"size = {sd.size}", f'subdir = "{sd.subdir}"', f'tree = "{sd.tree}"']
         if sd.packager_files:
             out += ["# The files the packager's own patches change (blob ids in `tree`): a git fetch of the",
                     "# tag may differ from `tree` there and nowhere else; the series touches none of them.",
@@ -90,12 +87,9 @@ def pin_text(old: Pin, new: Pin, old_text: str) -> str:
         o = old.sdist
         out += [f"# No [sdist]: `llamacpp-mla-port rebase` moved the pin from {old.tag} "
                 f"({(old.commit or old.tree)[:12]}).",
-                f"# The PyPI sdist {o.package} {o.version} vendors that commit, not this one, so "
-                "the",
-                "# offline fallback of `--source auto` is off until the [sdist] table "
-                "(package, version,",
-                "# filename, sha256, size, subdir, tree) of a release vendoring this commit "
-                "is added.", ""]
+                f"# The PyPI sdist {o.package} {o.version} vendors that commit, not this one, so the",
+                "# offline fallback of `--source auto` is off until the [sdist] table (package, version,",
+                "# filename, sha256, size, subdir, tree) of a release vendoring this commit is added.", ""]
     return "\n".join(out)
 
 
@@ -144,19 +138,14 @@ class Outcome:
 
     def to_json(self) -> dict:
         first = self.first_failure
-        return {
-            "ok": self.ok, "status": self.status, "verdict": self.verdict,
-            "verdict_line": verdict_line(self), "old": self.old, "onto": self.onto,
-            "relation": self.relation,
-            "first_failure": dataclasses.asdict(first) if first else None,
-            "failures": [dataclasses.asdict(c) for c in self.changes if c.failed],
-            "merged_upstream": [dataclasses.asdict(c) for c in self.changes if c.status == MERGED],
-            "probably_merged": [dataclasses.asdict(c) for c in self.probably_merged],
-            "tree_identity": self.tree_identity.to_json(),
-            "changes": [dataclasses.asdict(c) for c in self.changes],
-            "range_diff": self.range_diff, "patches": self.patches, "notes": self.notes,
-            "stacks": self.stacks,
-        }
+        return {"ok": self.ok, "status": self.status, "verdict": self.verdict, "verdict_line": verdict_line(self),
+                "old": self.old, "onto": self.onto, "relation": self.relation,
+                "first_failure": dataclasses.asdict(first) if first else None,
+                "failures": [dataclasses.asdict(c) for c in self.changes if c.failed],
+                "merged_upstream": [dataclasses.asdict(c) for c in self.changes if c.status == MERGED],
+                "probably_merged": [dataclasses.asdict(c) for c in self.probably_merged],
+                "tree_identity": self.tree_identity.to_json(), "changes": [dataclasses.asdict(c) for c in self.changes],
+                "range_diff": self.range_diff, "patches": self.patches, "notes": self.notes, "stacks": self.stacks}
 
 
 @dataclass
@@ -180,8 +169,7 @@ def _moved_pin(pin: Pin, target: Target) -> Pin | None:
     """The pin naming `target`: its commit, else its recorded sdist and tree (None: neither)."""
     if target.commit is not None:
         return dataclasses.replace(pin, commit=target.commit, tag=target.tag,
-                                   sdist=pin.sdist if pin.sdist and
-                                   target.base.tree == pin.sdist.tree else None)
+                                   sdist=pin.sdist if pin.sdist and target.base.tree == pin.sdist.tree else None)
     if target.sdist is not None and target.build is not None:
         return dataclasses.replace(pin, commit=None, tag=target.tag, sdist=target.sdist)
     return None
@@ -208,9 +196,8 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     rel = relation(pin, target)
     new_pin = _moved_pin(pin, target)
     old_info = {"commit": pin.commit, "tag": pin.tag, "tree": pin.tree}
-    onto_info = {"commit": target.commit, "tag": target.tag, "url": target.url,
-                 "source": target.base.source, "tree": target.base.tree, "build": target.build,
-                 "origin": target.origin}
+    onto_info = {"commit": target.commit, "tag": target.tag, "url": target.url, "source": target.base.source,
+                 "tree": target.base.tree, "build": target.build, "origin": target.origin}
     ws = Workspace(opts.places.work_dir)
 
     if not opts.canary:
@@ -235,18 +222,15 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
             ws.require_clean(ws.repo())
 
     names = None
-    try:
+    with contextlib.suppress(PortError):
         names = [n.name for n in series_mod.read_series(opts.places.patches_dir)]
-    except PortError:
-        pass
     cache = obtain.cache_repo()
     notes = []
     old_base = None
     try:
         old_base = _old_base(pin, opts, log)
     except PortError as err:
-        notes.append(f"old base {pin.short} unavailable ({err.message}): no old lines, "
-                     "no range-diff")
+        notes.append(f"old base {pin.short} unavailable ({err.message}): no old lines, no range-diff")
     old_reports, seen = [], {}
     if old_base is not None:
         old_reports = analyse(series, lambda p: git.read_blob(cache, old_base.sha, p),
@@ -286,8 +270,7 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
     if old_base is not None:
         try:
             old_shas = _render_commits(cache, series, old_base, pin)
-            range_diff = git.run(cache, "range-diff", "--no-color",
-                                 f"{old_base.sha}..{old_shas[-1]}",
+            range_diff = git.run(cache, "range-diff", "--no-color", f"{old_base.sha}..{old_shas[-1]}",
                                  f"{target.base.sha}..{new_shas[-1]}")
             tree_identity = identity.check(cache, old_base.sha, old_shas, target.base.sha, new_shas,
                                            _commit_files(series, reports))
@@ -308,9 +291,8 @@ def rebase(opts: RebaseOptions, log=print, target: Target | None = None) -> Outc
             ok = all(t["ok"] for t in tried)
             status = "up-to-date" if not opts.canary else "stack-conflict" if not ok else \
                 "canary-review" if review else "canary-ok"
-            return outcome(ok and not (opts.canary and review), status, range_diff=range_diff,
-                           patches=patches, head=new_shas[-1], stacks=tried,
-                           tree_identity=tree_identity)
+            return outcome(ok and not (opts.canary and review), status, range_diff=range_diff, patches=patches,
+                           head=new_shas[-1], stacks=tried, tree_identity=tree_identity)
         pin_path = opts.places.pin_file
         write_pin(pin_path, pin_text(pin, new_pin, pin_path.read_text()))
         series_mod.install(Path(tmp), opts.places.patches_dir)
@@ -366,8 +348,7 @@ def format_text(o: Outcome) -> str:
             continue
         out.append(f"    {_LABEL.get(c.status, 'FAILED'):<6} {c.file}: {c.status}: {c.message}")
     out += identity_lines(o.tree_identity.to_json(), o.status not in ("conflict", MERGED))
-    for n in o.notes:
-        out.append(f"note: {n}")
+    out += [f"note: {n}" for n in o.notes]
     if o.status == "conflict":
         out.append("nothing was written: update the failing anchors in templates/series/*/"
                    "commit.toml (the candidates above are the closest lines upstream), "
@@ -378,8 +359,7 @@ def format_text(o: Outcome) -> str:
                    f"the whole folder) from templates/series/ ({', '.join(slugs)}), then rerun")
     elif o.status == "rebased":
         named = o.onto['commit'] or 'tree ' + o.onto['tree'][:12]
-        out.append(f"pin moved to {o.onto['tag']} ({named}); patches/ re-exported "
-                   f"({len(o.patches)} patches)")
+        out.append(f"pin moved to {o.onto['tag']} ({named}); patches/ re-exported ({len(o.patches)} patches)")
         if o.verdict == "review":
             out.append("review before you commit them: " + _review_text(o))
     elif o.status == "up-to-date":
@@ -387,8 +367,7 @@ def format_text(o: Outcome) -> str:
     elif o.status == "canary-ok":
         out.append(f"canary: the series renders at {o.onto['tag']}; nothing was written")
     elif o.status == "canary-review":
-        out.append(f"canary: the series renders at {o.onto['tag']}, but review: {_review_text(o)}; "
-                   "nothing was written")
+        out.append(f"canary: the series renders at {o.onto['tag']}, but review: {_review_text(o)}; nothing was written")
     elif o.status == "stack-conflict":
         bad = [t["stack"] for t in o.stacks if not t["ok"]]
         out.append(f"canary: the series renders at {o.onto['tag']}, but PR stack(s) "
@@ -398,8 +377,7 @@ def format_text(o: Outcome) -> str:
                 "(patches and squashed)" if t["ok"] else f"FAILED: {t['message']}")
         out.append(f"  stack {t['stack']:<12} {what}")
     if o.range_diff:
-        out.append("git range-diff (old series vs new series):")
-        out.append(o.range_diff)
+        out += ["git range-diff (old series vs new series):", o.range_diff]
     return "\n".join(out)
 
 
@@ -458,8 +436,7 @@ def verdict_line(o: Outcome) -> str:
     if o.status == "stack-conflict" or first is None:
         bad = [t["stack"] for t in o.stacks if not t["ok"]]
         return f"FAILED on {onto}: {o.status}" + (f" (PR stack(s) {', '.join(bad)})" if bad else "")
-    return (f"FAILED on {onto}: {o.status}: {_num(first.patch)} [series/{first.commit}] {first.file}: "
-            f"{first.message}")
+    return f"FAILED on {onto}: {o.status}: {_num(first.patch)} [series/{first.commit}] {first.file}: {first.message}"
 
 
 def _num(patch: str) -> str:

@@ -43,15 +43,12 @@ class StyleFinding:
 def subject_findings(subject: str) -> list[StyleFinding]:
     out = []
     if len(subject) > SUBJECT_MAX:
-        out.append(StyleFinding("subject", "length",
-                                f"{len(subject)} characters (at most {SUBJECT_MAX}): {subject}"))
+        out.append(StyleFinding("subject", "length", f"{len(subject)} characters (at most {SUBJECT_MAX}): {subject}"))
     m = TITLE.match(subject)
     if not m:
-        out.append(StyleFinding("subject", "prefix",
-                                f"not `<module> : <title>` (upstream's form): {subject}"))
+        out.append(StyleFinding("subject", "prefix", f"not `<module> : <title>` (upstream's form): {subject}"))
     elif _SECOND_PREFIX.match(m["title"]):
-        out.append(StyleFinding("subject", "prefix",
-                                f"two module prefixes (keep one): {subject}"))
+        out.append(StyleFinding("subject", "prefix", f"two module prefixes (keep one): {subject}"))
     if not subject.isascii():
         out.append(StyleFinding("subject", "ascii", f"non-ASCII character: {subject}"))
     return out
@@ -61,7 +58,7 @@ def message_findings(message: str) -> list[StyleFinding]:
     """Subject and body of a commit message (title line, blank line, body)."""
     subject, _, rest = message.partition("\n")
     out = subject_findings(subject.strip())
-    body = [ln for ln in rest.strip("\n").splitlines()]
+    body = rest.strip("\n").splitlines()
     if rest.strip() and not rest.startswith("\n"):
         out.append(StyleFinding("body", "blank", "no blank line after the subject"))
     if len(body) > BODY_LINES:

@@ -3,6 +3,7 @@ tree), imported into the cache repository, and how it relates to the pinned comm
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -14,9 +15,7 @@ from llamacpp_mla_port.process import git
 from llamacpp_mla_port.errors import PinError, ProcessError
 from llamacpp_mla_port.source import newer as newer_mod, obtain
 from llamacpp_mla_port.source.obtain import Base
-from llamacpp_mla_port.source.pin import Pin, Sdist
-
-_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+from llamacpp_mla_port.source.pin import SHA1, Pin, Sdist
 
 
 @dataclass
@@ -66,10 +65,8 @@ def _local_git(url: str | None) -> Path | None:
 
 def _describe(repo: Path | None, commit: str) -> str:
     if repo is not None:
-        try:
+        with contextlib.suppress(ProcessError):
             return git.run(repo, "describe", "--tags", "--exact-match", commit)
-        except ProcessError:
-            pass
     return commit[:12]
 
 
@@ -78,11 +75,9 @@ def resolve_target(onto: str, git_url: str | None, pin: Pin, templates_dir: Path
     """Fetch (or import) what --onto names into the cache repo: a commit (of --git-url or
     the pin's URL), a clone, a plain folder, or a PyPI sdist tree (source/newer.py)."""
     if git_url is None and os.path.isdir(onto):
-        path = Path(onto).resolve()
-        if _is_repo(path) or _is_bare(path):
-            git_url, onto = str(path), "HEAD"
-        else:
-            return _import_tree(path, tag)
+        if (clone := _local_git(onto)) is None:
+            return _import_tree(Path(onto).resolve(), tag)
+        git_url, onto = str(clone), "HEAD"
     if git_url is None:
         newer = newer_mod.resolve(onto, templates_dir)
         if newer is not None:
@@ -95,25 +90,22 @@ def resolve_target(onto: str, git_url: str | None, pin: Pin, templates_dir: Path
         except ProcessError:
             raise PinError(f"--onto {onto!r} is not a commit in {local}",
                            "pass a commit id, tag or branch of that clone") from None
-    elif _SHA1.match(onto):
+    elif SHA1.match(onto):
         commit = onto
     else:
         try:
             out = git.run(Path.cwd(), "ls-remote", url, onto, timeout=git.NETWORK_TIMEOUT_S)
         except ProcessError as err:
             raise PinError(f"cannot list {url}: {git.error_text(err)}",
-                           "pass the full 40-hex commit id, or --git-url PATH of a local "
-                           "clone") from None
+                           "pass the full 40-hex commit id, or --git-url PATH of a local clone") from None
         shas = sorted({line.split()[0] for line in out.splitlines() if line.strip()})
         if len(shas) != 1:
-            raise PinError(f"--onto {onto!r} names {len(shas)} refs in {url}",
-                           "pass the full 40-hex commit id")
+            raise PinError(f"--onto {onto!r} names {len(shas)} refs in {url}", "pass the full 40-hex commit id")
         commit = shas[0]
     base = obtain.fetch_git(pin.with_commit(commit, url), url)
     described = _describe(local, commit)
     return Target(base=base, commit=commit, tag=tag or described, url=url, local_repo=local,
-                  build=_build_number(local, commit, described),
-                  origin={"kind": "git", "url": url})
+                  build=_build_number(local, commit, described), origin={"kind": "git", "url": url})
 
 
 def _build_number(repo: Path | None, commit: str, described: str) -> int | None:
@@ -143,8 +135,7 @@ def _import_newer(newer: newer_mod.NewerTree, tag: str | None, sdist_file: Path 
               "build_from": newer.build_from}
     if not newer.recorded:
         origin["record_with"] = newer_mod.row_text(newer, got.base.tree, got.subdir)
-    recorded = dataclasses.replace(newer.sdist, subdir=got.subdir, tree=got.base.tree) \
-        if newer.recorded else None
+    recorded = dataclasses.replace(newer.sdist, subdir=got.subdir, tree=got.base.tree) if newer.recorded else None
     return Target(base=got.base, commit=None, tag=tag or newer.tag, url=None, local_repo=None,
                   build=newer.build, origin=origin, sdist=recorded)
 
@@ -157,13 +148,11 @@ def _import_tree(path: Path, tag: str | None) -> Target:
                        f"(no {', '.join(missing)})", "pass a llama.cpp source directory or a clone")
     repo = obtain.cache_repo()
     with tempfile.TemporaryDirectory(prefix="mla-port-tree-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(path),
-               "GIT_DIR": repo.git_dir}
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(path), "GIT_DIR": repo.git_dir}
         git.run(path, "add", "-A", ".", env=env)
         tree = git.run(path, "write-tree", env=env)
     ref = f"refs/mla-port/tree/{tree}"
-    sha = git.run(repo, "commit-tree", tree, "-m", f"plain tree {path}\n",
-                  env=obtain.IMPORT_IDENTITY)
+    sha = git.run(repo, "commit-tree", tree, "-m", f"plain tree {path}\n", env=obtain.IMPORT_IDENTITY)
     git.run(repo, "update-ref", ref, sha)
     base = Base(sha=sha, tree=tree, source="tree", ref=ref)
     return Target(base=base, commit=None, tag=tag or f"tree {tree[:12]}", url=None,

@@ -11,13 +11,11 @@ ops, the batched-bench and perplexity options. The models have the shapes of a s
 and random weights (fixtures/standard_model.py), which every table's caption says, with the
 layers, the threads and the machine. The trees and builds are harness-diff's
 (work/harness-diff/base and <stack>, one build dir per ISA), so the same flags build both sides.
-
-    run_stack(repo, rs, base_sha, base_label, places, settings, log) -> dict
-    evidence_section(report_dir, name, base, head) -> str
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -93,8 +91,8 @@ def load_sql(db: Path, sql_text: str, label: str) -> int:
 def compare_table(tree: Path, db: Path, tool: str, base: str, head: str) -> str:
     """scripts/compare-llama-bench.py's markdown table of `db`, base against head."""
     script = tree / "scripts" / "compare-llama-bench.py"
-    return hd.run_tool([sys.executable, str(script), "-i", str(db), "--tool", tool, "-b", base, "-c", head],
-                600).strip()
+    cmd = [sys.executable, str(script), "-i", str(db), "--tool", tool, "-b", base, "-c", head]
+    return hd.run_tool(cmd, 600).strip()
 
 
 def commands(bench, model: Path, settings: Settings) -> dict[str, list[str]]:
@@ -131,8 +129,7 @@ def batched_table(rows: list[dict], base: str, head: str, groups: dict[str, int]
     for (model, pp, tg, pl), sides in acc.items():
         if base not in sides or head not in sides:
             continue
-        b = {k: statistics.mean(x[k] for x in sides[base]) for k in ("speed_pp", "speed_tg")}
-        h = {k: statistics.mean(x[k] for x in sides[head]) for k in ("speed_pp", "speed_tg")}
+        b, h = ({k: statistics.mean(x[k] for x in sides[s]) for k in ("speed_pp", "speed_tg")} for s in (base, head))
         lines.append(f"| {model} | {pp} | {tg} | {pl} | {pl * groups.get(model, 1)} | {b['speed_pp']:.2f} | "
                      f"{h['speed_pp']:.2f} | {h['speed_pp'] / b['speed_pp']:.2f} | {b['speed_tg']:.2f} | "
                      f"{h['speed_tg']:.2f} | {h['speed_tg'] / b['speed_tg']:.2f} |")
@@ -193,11 +190,9 @@ def layers_note(shape, n_layer: int) -> str:
 def machine() -> dict:
     """The CPU the figures come from and how busy the machine was (1-minute load average)."""
     cpu = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError, StopIteration):
         cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                    if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     return {"cpu": cpu, "cpus": os.cpu_count(), "load": round(os.getloadavg()[0], 1)}
 
 
@@ -234,8 +229,7 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
         for t in bench.types:
             name = f"{shape}-{settings.n_layer}L-{t}.gguf"
             log(f"upstream-bench: model {name}")
-            models.append(write_standard_model(shape, t, places.upstream_bench_dir / "models" / name,
-                                               settings.n_layer))
+            models.append(write_standard_model(shape, t, places.upstream_bench_dir / "models" / name, settings.n_layer))
             groups[models[-1].name] = SHAPES[shape].group
     targets = TARGETS + ((BATCHED,) if bench.batched else ()) + ((PERPLEXITY,) if bench.kld else ())
     labels = {"base": base_sha[:8], "patched": rs.head[:8]}
@@ -280,10 +274,8 @@ def run_stack(repo, rs, base_sha: str, base_label: str, places, settings: Settin
                             load_sql(db, text, labels[side])
                         ran.setdefault(what, [" ".join(cmd)])
         tree = tree_in(sides["base"][0])
-        tables = {"llama-bench": compare_table(tree, db, "llama-bench", labels["base"], labels["patched"])}
-        if bench.ops:
-            tables["test-backend-ops"] = compare_table(tree, db, "test-backend-ops", labels["base"],
-                                                       labels["patched"])
+        tables = {tool: compare_table(tree, db, tool, labels["base"], labels["patched"])
+                  for tool in ("llama-bench", *(("test-backend-ops",) if bench.ops else ()))}
         if batched:
             tables[BATCHED] = batched_table(batched, labels["base"], labels["patched"], groups)
         build = {"cmake": list(hd.ISA_BUILDS[isa]), "sqlite": str(db), "tables": tables,
@@ -349,16 +341,13 @@ def caption(report: dict, tool: str, build: dict | None = None) -> str:
 def _kld_table(kld: dict) -> list[str]:
     lines = ["| Model | run | mean KLD | 99.9% KLD | max KLD | RMS dp % | same top p % |",
              "|:--|:--|--:|--:|--:|--:|--:|"]
-    names = {"stack": "this PR against the base, the same batches",
-             "control": "the base against itself (must read 0)",
+    names = {"stack": "this PR against the base, the same batches", "control": "the base against itself (must read 0)",
              "reference": "this PR against the base at the reference batches"}
     for model, runs in kld.items():
-        for what in ("stack", "control", "reference"):
-            if what in runs:
-                f = runs[what]
-                lines.append(f"| {model} | {names[what]} | {f['mean_kld']:.6f} | {f.get('kld_99_9', float('nan')):.6f} | "
-                             f"{f.get('max_kld', float('nan')):.6f} | {f.get('rms_dp', float('nan')):.3f} | "
-                             f"{f.get('same_top_p', float('nan')):.3f} |")
+        for what in (w for w in names if w in runs):      # stack, control, reference
+            f = {k: runs[what].get(k, float("nan")) for k in ("kld_99_9", "max_kld", "rms_dp", "same_top_p")}
+            lines.append(f"| {model} | {names[what]} | {runs[what]['mean_kld']:.6f} | {f['kld_99_9']:.6f} | "
+                         f"{f['max_kld']:.6f} | {f['rms_dp']:.3f} | {f['same_top_p']:.3f} |")
     return lines
 
 

@@ -115,9 +115,7 @@ def render(stack: Stack, patch_files: list[Path], base_text=lambda path: "") -> 
         out += [f"The message says: {first}" if first else "TODO(owner): the commit has no body.", ""]
         for h in c.hunks:
             where = f"`{h.path}` lines {h.start}-{h.start + max(h.length, 1) - 1}"
-            out.append(f"### {where}" + (f", in `{h.context}`" if h.context else ""))
-            out.append("")
-            out.append(f"+{h.added}/-{h.removed}.")
+            out += [f"### {where}" + (f", in `{h.context}`" if h.context else ""), "", f"+{h.added}/-{h.removed}."]
             if h.comments:
                 out.append("Its comments say: " + " ".join(h.comments[:3]))
             if _is_test(h.path):
@@ -139,6 +137,5 @@ def write(folder: Path, stack: Stack, repo, base: str) -> Path:
     def base_text(path: str) -> str:
         return (git.read_blob(repo, base, path) or b"").decode("utf-8", "replace")
     path = folder / FILE
-    path.write_text(render(stack, sorted((folder / "patches").glob("*.patch")), base_text),
-                    encoding="utf-8")
+    path.write_text(render(stack, sorted((folder / "patches").glob("*.patch")), base_text), encoding="utf-8")
     return path
