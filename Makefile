@@ -36,7 +36,7 @@ DRY_RUN ?=
 HARNESS_ARGS ?=
 UPSTREAM_BENCH_ARGS ?=
 
-.PHONY: help venv patch check build smoke parity test test-fast test-slow pr canary bench bench-rpc device-check harness-diff upstream-bench clean-work clean
+.PHONY: help venv patch check build smoke parity test test-fast test-slow pr canary bench bench-rpc bench-auto device-check harness-diff upstream-bench clean-work clean
 
 help:
 	@echo "make venv        the project-local .venv/ alone (the targets that run the tool make it first)"
@@ -52,6 +52,7 @@ help:
 	@echo "make canary      render, apply, build and prove the series on the newest known upstream (./work-canary)"
 	@echo "make bench       real-size draft vs measured floors, PyTorch, KV, what it buys Kimi-K3: work/bench/report.md"
 	@echo "make bench-rpc   local vs RPC (two loopback ggml-rpc-servers) timings, side by side"
+	@echo "make bench-auto  --spec-draft-auto vs the target alone and every draft length, Kimi-K3-shaped pair (~10 GB disk)"
 	@echo "make device-check  the GPU check: offline bundle for a device machine (DRY_RUN=1: run it here, CUDA off)"
 	@echo "make harness-diff  upstream's tests (test-llama-archs, test-backend-ops) on the base and patched, same flags"
 	@echo "make upstream-bench  llama-bench / test-backend-ops perf, base against each CPU stack: compare-llama-bench tables"
@@ -103,6 +104,9 @@ bench: patch
 
 bench-rpc: patch
 	$(BIN)/python -m llamacpp_mla_port.bench.rpc
+
+bench-auto: build
+	$(BIN)/python -m llamacpp_mla_port.bench.auto_length $(BENCH_AUTO_ARGS)
 
 device-check: build
 	$(TOOL) device-check $(if $(filter 1,$(DRY_RUN)),--dry-run)

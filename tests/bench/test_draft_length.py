@@ -166,6 +166,9 @@ def test_draft_length_measures_and_reports_on_the_tiny_pair(patched_tree, llama_
     assert rep["table"]["curves"][0]["measured"] and len(rep["table"]["curves"]) == 1 + len(acc.PUBLISHED)
     assert "| N | T(N) spec (ms)" in printed and "break-even" in printed
     assert "use --spec-draft-n-max" in printed or "does not pay" in printed
+    assert "or --spec-draft-auto --spec-draft-n-max 7" in printed and "| deltafin T(N)/T(1) |" in printed
+    m = rep["acceptance"]
+    assert f"{1 + m['accepted'] / m['steps']:.2f} tokens per step" in printed and f"{m['steps']} verify steps" in printed
     assert (out / "report.md").is_file() and (out / "plots" / "draft_length.png").stat().st_size > 1000
 
 

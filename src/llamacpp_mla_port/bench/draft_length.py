@@ -129,17 +129,27 @@ def costs_of(verify: VerifyCost, blocks: dict, inject: dict) -> speedup.StepCost
     return speedup.StepCosts(verify.t1, dict(verify.spec), dict(verify.rollback), dict(blocks), dict(inject))
 
 
+#: a Rust engine running Kimi-K3 with its experts streamed from SSD (64 GB M1 Max, issue 56): one verify
+#: of 1 and of 8 tokens in seconds; T(N)/T(1) between them read as linear in N
+DELTAFIN_T = (7.48, 14.82)
+
+
+def deltafin_ratio(n: int) -> float:
+    return 1.0 + (DELTAFIN_T[1] / DELTAFIN_T[0] - 1.0) * (n - 1) / 7
+
+
 def verify_rows(verify: VerifyCost) -> list[str]:
-    """T(N) per N beside the distinct experts one verify step reads, with the bounds."""
+    """T(N) per N beside the distinct experts one verify step reads, with the bounds, and beside
+    deltafin's T(N)/T(1) on real routing."""
     ex = verify.experts.get("per_n", {})
-    L = ["| N | T(N) spec (ms) | T(N)/T(1) | target alone T(N) (ms) | KDA/recurrent rollback cost (ms) | "
-         "distinct experts / MoE layer | same token | bound: identical | bound: independent |",
-         "|---|---|---|---|---|---|---|---|---|"]
+    L = ["| N | T(N) spec (ms) | T(N)/T(1) | deltafin T(N)/T(1) | target alone T(N) (ms) | KDA/recurrent rollback "
+         "cost (ms) | distinct experts / MoE layer | same token | bound: identical | bound: independent |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     for n in sorted(verify.spec):
         e = ex.get(n, {})
         snap = verify.spec[n] - verify.alone[n] if n in verify.alone else float("nan")
         roll = verify.rollback.get(n, 0) * 1000
-        L.append(f"| {n} | {verify.spec[n] * 1000:.1f} | {verify.ratio(n):.2f} | "
+        L.append(f"| {n} | {verify.spec[n] * 1000:.1f} | {verify.ratio(n):.2f} | {deltafin_ratio(n):.2f} | "
                  f"{verify.alone.get(n, float('nan')) * 1000:.1f} | {snap * 1000:+.1f} (+{roll:.3f}) | "
                  f"{e.get('distinct_mean', '-')} | {e.get('same_token_mean', '-')} | {e.get('bound_identical', '-')} | "
                  f"{e.get('bound_independent', '-')} |")
@@ -156,12 +166,26 @@ def report_markdown(rep: dict) -> str:
                                "snapshots, taps extracted), every block then rolled back whole; target alone: no "
                                "snapshots. Their difference is what restoring recurrent (KDA) state costs; the "
                                "rollback call itself in brackets.", "", "## The table", ""]
-    L += rep["table_md"]
-    name, k = rep["recommended"]
-    L += [f"**--spec-draft-n-max {k}**" if k else "**run the target alone (no draft)**",
-          f"(acceptance: {name})", "", "## Commands", ""]
+    L += rep["table_md"] + [""] + advice(rep) + ["", "## Commands", ""]
     L += [f"- `{key}`: `{cmd}`" for key, cmd in sorted(rep["commands"].items())]
     return "\n".join(L) + "\n"
+
+
+def advice(rep: dict) -> list[str]:
+    """The static length to use, --spec-draft-auto beside it, and on a measured pair upstream's own
+    figures (tokens per step, acceptance per position, verify steps)."""
+    name, k = rep["recommended"]
+    lines = [f"use --spec-draft-n-max {k}   (acceptance: {name}; speedup "
+             f"{rep['table']['best'][name]['speedup']:.2f}x)" if k else
+             f"the draft does not pay on this machine (acceptance: {name}): run the target alone",
+             f"or --spec-draft-auto --spec-draft-n-max {acc.K_MAX} (the spec-auto-length stack): the length per step "
+             f"from the acceptance and the verify time it measures, no draft while drafting loses"]
+    m = rep.get("acceptance") or {}
+    if m.get("steps"):
+        lines.append(f"this pair as llama.cpp reports it: {1 + m['accepted'] / m['steps']:.2f} tokens per step, "
+                     f"acceptance per position {', '.join(f'{x:.2f}' for x in m['per_position'])}, "
+                     f"{m['steps']} verify steps")
+    return lines
 
 
 def measure_pair(tree: Path, build: Path, target: Path, draft: Path, out: Path, st: Settings,

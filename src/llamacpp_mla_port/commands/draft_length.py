@@ -10,7 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
-from llamacpp_mla_port.bench.draft_length import Settings, measure_pair
+from llamacpp_mla_port.bench.draft_length import advice, Settings, measure_pair
 from llamacpp_mla_port.commands.common import add_tree_args, shared
 from llamacpp_mla_port.errors import PortError
 
@@ -81,12 +81,6 @@ def run(args: argparse.Namespace, places) -> int:
                   verify_rounds=args.repeats, draft_repeats=args.repeats, draft_min_seconds=args.min_seconds,
                   n_predict=args.n_predict)
     rep = measure_pair(tree, build, args.target, args.draft, out, st, prompts)
-    print("\n".join(rep["verify_rows"] + [""] + rep["table_md"]))
-    name, k = rep["recommended"]
-    if k:
-        speed = rep["table"]["best"][name]["speedup"]
-        print(f"use --spec-draft-n-max {k}   (acceptance: {name}; speedup {speed:.2f}x)")
-    else:
-        print(f"the draft does not pay on this machine (acceptance: {name}): run the target alone")
+    print("\n".join(rep["verify_rows"] + [""] + rep["table_md"] + advice(rep)))
     print(f"report: {Path(out) / 'report.md'}")
     return 0
