@@ -7,11 +7,13 @@ draft, the target's verify of every drafted token and the rollback of the reject
 real), so one draft stands for three: none (every token rejected), partial (SGLang's published
 acceptance, 0.6 drafted tokens per step at 7) and high (InferenceX's per-length curve for this
 draft), from bench/acceptance.py. Every configuration runs once per round, the rounds in
-alternating order (A B C, C B A); the figures are medians, the ratios against the target alone.
+alternating order (A B C, C B A); each runs a server that answers three requests in a row and the
+figures are of the second and third (auto learns in the first, as a server does once), medians over
+rounds, ratios against the target alone.
 The CPU share is the server's CPU time over wall time x threads while its request decoded.
 Without --target/--draft (`make bench-auto`) the pair is written to --out: the Kimi-K3-shaped
-target DKM (fixtures/k3_shaped.py, 5.2 GB) and the draft at the real config, BF16, tapping its
-three layers (fixtures/draft_gguf.py, 4.8 GB).
+target DKKKKM (fixtures/k3_shaped.py, 7.8 GB) and the draft at the real config tapping its first
+three layers (fixtures/draft_gguf.py, BF16, then llama-quantize's Q8_0 as users run it: 2.4 GB).
 
     python -m llamacpp_mla_port.bench.auto_length [--target T.gguf --draft D.gguf] [--rounds 2]
 """
@@ -37,18 +39,23 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def one_run(build: Path, target: Path, draft: Path | None, k: int, rates, auto: bool, n_predict: int,
-            threads: int, log: Path) -> dict:
-    """One llama-server, one request: tokens per second of its decode, drafted and accepted."""
-    extra = ["-c", "1024", "-fa", "on"]
+            threads: int, log: Path, requests: int = 3) -> dict:
+    """One llama-server, `requests` requests in a row (a server's state outlives a request): tokens per
+    second of the decodes after the first, drafted and accepted in those, and of the first ("cold_tps")."""
+    # --no-repack: ggml's AMX Q8_0 tiles died of SIGILL on the Xeon that ran this (docs/bench.md); one set
+    # of buffer types for every configuration
+    extra = ["--no-repack"]
     if draft is not None:
         extra += ["--spec-synth-rates", ",".join(f"{r:g}" for r in rates[:k])] + (["--spec-draft-auto"] if auto else [])
     with Server(build, target, draft, k, True, 0.0, log, parallel=1, threads=threads, extra=extra,
                 load_timeout=600, request_timeout=3600) as srv:
+        cold = srv.complete(PROMPT, n_predict)["timings"]
         cpu0, t0 = _cpu_seconds(srv.owned.pid), time.monotonic()
-        t = srv.complete(PROMPT, n_predict)["timings"]
+        t = [srv.complete(PROMPT, n_predict)["timings"] for _ in range(requests - 1)]
         share = (_cpu_seconds(srv.owned.pid) - cpu0) / ((time.monotonic() - t0) * threads)
-    return {"tps": t["predicted_per_second"], "drafted": t.get("draft_n", 0), "accepted": t.get("draft_n_accepted", 0),
-            "cpu_share": share}
+    return {"tps": 1000.0 * sum(x["predicted_n"] for x in t) / sum(x["predicted_ms"] for x in t),
+            "cold_tps": cold["predicted_per_second"], "drafted": sum(x.get("draft_n", 0) for x in t),
+            "accepted": sum(x.get("draft_n_accepted", 0) for x in t), "cpu_share": share}
 
 
 def run(build: Path, target: Path, draft: Path, out: Path, rounds: int = 2, n_predict: int = 48,
@@ -79,14 +86,14 @@ def run(build: Path, target: Path, draft: Path, out: Path, rounds: int = 2, n_pr
 def markdown(rep: dict) -> str:
     lines = [f"target alone: {rep['alone_tps']:.3f} tok/s; CPU share of the timed requests: median "
              f"{rep['cpu_share_median']:.2f}, min {rep['cpu_share_min']:.2f}", "",
-             "| level | " + " | ".join(f"k={k}" for k in range(1, K_MAX + 1)) + " | auto | auto vs best static |",
-             "|---" * (K_MAX + 3) + "|"]
+             "| level | " + " | ".join(f"k={k}" for k in range(1, K_MAX + 1)) + " | auto | auto vs the best of "
+             "the target alone and k=1..7 | first request: auto vs k=1 |", "|---" * (K_MAX + 4) + "|"]
     for lvl, rows in rep["levels"].items():
         cells = [f"{rows[f'k={k}']['vs_alone']:.2f}x" for k in range(1, K_MAX + 1)]
         a = rows["auto"]
         best = "target alone" if a["best_static"] == "alone" else a["best_static"]
         lines.append(f"| {lvl} | " + " | ".join(cells) + f" | **{a['vs_alone']:.2f}x** (drafted {a['drafted']:.0f}) "
-                     f"| {a['vs_best_static']:.2f} (best: {best}) |")
+                     f"| {a['vs_best_static']:.2f} (best: {best}) | {a['cold_tps'] / rows['k=1']['cold_tps']:.2f} |")
     return "\n".join(lines)
 
 
@@ -110,11 +117,17 @@ def main(argv=None) -> None:
         from llamacpp_mla_port.fixtures.draft_gguf import write_mla_draft_gguf
         from llamacpp_mla_port.fixtures.k3_shaped import write_k3_shaped_target
         from llamacpp_mla_port.fixtures.realsize import realsize_config
-        target = write_k3_shaped_target(args.out / "k3-DKM.gguf", "DKM")
-        draft = args.out / "draft-real.gguf"
+        from llamacpp_mla_port.build import ensure_build
+        from llamacpp_mla_port.process import run as run_process
+        target = write_k3_shaped_target(args.out / "k3-DKKKKM.gguf", "DKKKKM")
+        bf16, draft = args.out / "draft-real.gguf", args.out / "draft-real-q8_0.gguf"
         if not draft.is_file():
-            write_mla_draft_gguf(draft, target, config={**realsize_config(False)["draft"], "target_layers": [0, 1, 2]},
+            write_mla_draft_gguf(bf16, target, config={**realsize_config(False)["draft"], "target_layers": [0, 1, 2]},
                                  weight_type="bf16")
+            ensure_build(project.Places().work_tree, build, ["llama-quantize"], echo=False)
+            argv = [str(build / "bin" / "llama-quantize"), str(bf16), str(draft), "q8_0"]
+            if run_process(argv, timeout=3600).returncode:
+                raise SystemExit(f"llama-quantize failed: {' '.join(argv)}")
     rep = run(build, target, draft, args.out, args.rounds, args.n_predict, args.threads)
     (args.out / "auto-length.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
     print(markdown(rep))
