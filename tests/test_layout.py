@@ -119,7 +119,8 @@ ALLOWED: dict[tuple[str, str], str] = {}
 #: the top level: what every family uses (and the package's entry points)
 TOP_LEVEL = {"__init__", "__main__", "cli", "errors", "jsonfile", "build", "project", "stages"}
 #: modules outside commands/ that parse arguments: scripts, not verbs
-SCRIPTS = {"llamacpp_mla_port.bench.rpc": "make bench-rpc's side-by-side timings (python -m), not a verb"}
+SCRIPTS = {"llamacpp_mla_port.bench.rpc": "make bench-rpc's side-by-side timings (python -m), not a verb",
+           "llamacpp_mla_port.bench.auto_length": "make bench-auto's side-by-side timings (python -m), not a verb"}
 
 
 def family(module: str) -> str:

@@ -148,7 +148,6 @@ class Build:
         """A program of the build (bin/<name>)."""
         return program(self.dir, name)
 
-
     def require_tree(self) -> "Build":
         """This build, refused when no patched llama.cpp tree is at `tree`."""
         if not (self.tree / "include" / "llama.h").is_file():
@@ -289,6 +288,10 @@ class Places:
     @property
     def bench_rpc_dir(self) -> Path:
         return self.work_dir / "bench-rpc"
+
+    @property
+    def bench_auto_dir(self) -> Path:
+        return self.work_dir / "bench-auto"
 
     @property
     def pr_dir(self) -> Path:

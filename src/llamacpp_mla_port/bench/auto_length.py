@@ -104,13 +104,15 @@ def main(argv=None) -> None:
     ap.add_argument("--target", type=Path, default=None)
     ap.add_argument("--draft", type=Path, default=None)
     ap.add_argument("--build-dir", type=Path, default=None)
-    ap.add_argument("--out", type=Path, default=Path("work/bench-auto"))
+    ap.add_argument("--out", type=Path, default=None, help="default: <work dir>/bench-auto")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--n-predict", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     from llamacpp_mla_port import project
-    build = (args.build_dir or project.Places().work_build).resolve()
+    places = project.Places()
+    build = (args.build_dir or places.work_build).resolve()
+    args.out = args.out or places.bench_auto_dir
     args.out.mkdir(parents=True, exist_ok=True)
     target, draft = args.target, args.draft
     if target is None or draft is None:
