@@ -327,6 +327,10 @@ def _run_multi_server(tree: Path, build_dir: Path) -> subprocess.CompletedProces
 def test_rpc_multi_server_harness_with_a_lost_server(patched_tree, llama_build):
     build_mod.ensure_build(patched_tree, llama_build, ("ggml-rpc-server", "test-rpc-multi-server"))
     res = _run_multi_server(patched_tree, llama_build)
+    if res.returncode == 1 and not res.stdout.strip():
+        # exit 1 with nothing said: the script's two servers did not come up on the ports it derives
+        # from its pid (seen once in a fresh-clone make test, 2026-12-06); a second run picks others
+        res = _run_multi_server(patched_tree, llama_build)
     assert res.returncode == 0, res.stdout[-3000:]
 
 
