@@ -86,6 +86,18 @@ def refusal(build: Path, target: Path, draft: Path, spec_type: str = "draft-dspa
     return proc
 
 
+def server_exit(build: Path, target: Path, draft: Path, log: Path, *args) -> tuple[int, str]:
+    """llama-server with the pair, expected to exit at start-up: (exit code, its log); stopped either way."""
+    srv = Owned([build / "bin" / "llama-server", "-m", target, "-md", draft, "--spec-type", "draft-dspark",
+                 "--host", LOCALHOST, "--port", str(free_port()), "-c", "512", "-t", "1", "--no-webui", *args],
+                log, env=ENV, name="llama-server")
+    try:
+        rc = srv.wait(120)
+    finally:
+        srv.stop()
+    return rc, log.read_text(errors="replace")
+
+
 def assert_clean_refusal(rc: int, log: str, needles: list[str]) -> None:
     assert rc == 1, f"exit {rc} (SIGABRT is {-signal.SIGABRT} / 134):\n{log[-3000:]}"
     assert "GGML_ASSERT" not in log and "core dumped" not in log, log[-3000:]
@@ -117,15 +129,8 @@ def test_speculative_simple_refuses_with_the_reason(llama_build, models, case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_server_refuses_at_start_up_with_the_reason(llama_build, models, case):
-    log = models["dir"] / f"server-{case}.log"
-    srv = Owned([llama_build / "bin" / "llama-server", "-m", models["target"], "-md", models["drafts"][case],
-                 "--spec-type", "draft-dspark", "--host", LOCALHOST, "--port", str(free_port()), "-np", "2",
-                 "-c", "512", "-t", "1", "--no-webui"], log, env=ENV, name="llama-server")
-    try:
-        rc = srv.wait(120)
-    finally:
-        srv.stop()
-    text = log.read_text(errors="replace")
+    rc, text = server_exit(llama_build, models["target"], models["drafts"][case], models["dir"] / f"server-{case}.log",
+                           "-np", "2")
     assert_clean_refusal(rc, text, CASES[case][2])
     assert "exiting due to model loading error" in text
 
@@ -152,15 +157,8 @@ def test_a_small_ubatch_is_refused_with_the_reason_never_aborted(llama_build, mo
                              extra=("-ub", "1", "-b", "1", "--spec-draft-n-max", "0"))
     assert one.returncode == 1 and "the prompt exceeds the batch size (3 tokens, batch 1)" in one.stderr, \
         one.stderr[-3000:]
-    log = models["dir"] / "server-small-ubatch.log"
-    srv = Owned([llama_build / "bin" / "llama-server", "-m", models["target"], "-md", models["drafts"]["fits"],
-                 "--spec-type", "draft-dspark", "--host", LOCALHOST, "--port", str(free_port()), "-np", "2",
-                 "-c", "512", "-t", "1", "--no-webui", *small], log, env=ENV, name="llama-server")
-    try:
-        rc = srv.wait(120)
-    finally:
-        srv.stop()
-    text = log.read_text(errors="replace")
+    rc, text = server_exit(llama_build, models["target"], models["drafts"]["fits"],
+                           models["dir"] / "server-small-ubatch.log", "-np", "2", *small)
     assert rc == 1 and UBATCH in text and "GGML_ASSERT" not in text, text[-3000:]
 
 
@@ -205,16 +203,8 @@ def test_a_batch_that_cannot_hold_every_slots_draft_is_refused_by_the_server(lla
     for name in ("fits", "qwen3-fits"):
         draft = models["drafts"]["fits"] if name == "fits" else _qwen3_fits(models)
         for (ub, b), said in refusals.items():
-            log = models["dir"] / f"share-{name}-{ub}-{b}.log"
-            srv = Owned([llama_build / "bin" / "llama-server", "-m", models["target"], "-md", draft, "--spec-type",
-                         "draft-dspark", "--spec-draft-n-max", "3", "--host", LOCALHOST, "--port", str(free_port()),
-                         "-np", "4", "-c", "512", "-t", "1", "--no-webui", "-ub", ub, "-b", b], log, env=ENV,
-                        name="llama-server")
-            try:
-                rc = srv.wait(120)
-            finally:
-                srv.stop()
-            text = log.read_text(errors="replace")
+            rc, text = server_exit(llama_build, models["target"], draft, models["dir"] / f"share-{name}-{ub}-{b}.log",
+                                   "--spec-draft-n-max", "3", "-np", "4", "-ub", ub, "-b", b)
             assert rc == 1 and said in text and "GGML_ASSERT" not in text, text[-3000:]
         srv = Server(llama_build, models["target"], draft, 3, True, 0.0, models["dir"] / f"share16-{name}.log",
                      parallel=4, threads=1, extra=["-ub", "16", "-b", "16"], env=ENV)
