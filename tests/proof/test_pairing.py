@@ -80,7 +80,7 @@ def speculative_simple(build: Path, target: Path, draft: Path, spec_type: str = 
         proc = process.run([build / "bin" / "llama-speculative-simple", "-m", target, "-md", draft,
                             "--spec-type", spec_type, "-p", prompt, "-n", "8", "--temp", "0", "--top-k", "1",
                             "-c", "256", "-t", "1", *extra], timeout=120, env=ENV)
-        if proc.returncode != 1 or said(proc.stderr):
+        if said is None or proc.returncode != 1 or said(proc.stderr):
             break
     return proc
 
@@ -165,27 +165,57 @@ def test_a_small_ubatch_is_refused_with_the_reason_never_aborted(llama_build, mo
     assert rc == 1 and UBATCH in text and "GGML_ASSERT" not in text, text[-3000:]
 
 
+STEP = re.compile(r"draft candidate\s+([01]), pos\s+0:\s+(-?\d+) \(\s*([\d.]+)\)|accepted (\d+)/(\d+) draft tokens"
+                  r"|n_past = (\d+)")
+
+
+def first_drafts(log: str) -> dict[int, tuple]:
+    """llama-speculative-simple -lv 5, one sequence: per step that drafted, by its first position, the
+    first drafted token, its probability, the runner-up's and whether the step before did not draft."""
+    out, first, acc, idle = {}, [], (0, 0), False
+    for cand, tok, p, a, b, n_past in (m.groups() for m in STEP.finditer(log)):
+        if cand is not None:
+            first = [int(tok), float(p)] if cand == "0" else first + [float(p)]
+        elif a is not None:
+            acc = (int(a), int(b))
+        else:
+            if acc[1] > 0 and len(first) == 3:
+                out[int(n_past) - acc[0] - 1] = (*first, idle)
+            idle, first = acc[1] == 0, []
+    return out
+
+
 def test_auto_stops_drafting_a_draft_the_target_never_accepts(llama_build, models):
-    """--spec-draft-auto (spec-auto-length) with a random draft the target does not accept: over 64
+    """--spec-draft-auto (spec-auto-length) with a random draft the target does not accept: over 128
     tokens llama-speculative-simple drafts under a quarter of what a static draft of 4 drafts, and
     llama-server (one slot, four requests in a row) drafts in the first request, then a few probe
     tokens in the other three (measured: one each; a probe after 16 steps without a draft, 32, 64
-    after rejected ones; the bound leaves room for noisy step times on a loaded machine)."""
+    after rejected ones; the bound leaves room for noisy step times on a loaded machine).
+    A probe (one token, so a block of one) drafts from the target rows kept while not drafting and
+    injected in one batch: its token and probability are those a static draft of 1 drafted at the same
+    position (rows zeroed before the injection: all three probes differ)."""
     from llamacpp_mla_port.proof.lossless import Server
     draft = models["drafts"]["fits"]
-    drafted = {}
-    for name, extra in (("static", ()), ("auto", ("--spec-draft-auto",))):
+    drafted, logs = {}, {}
+    for name, extra in (("static", ("--spec-draft-n-max", "4")), ("one", ("--spec-draft-n-max", "1")),
+                        ("auto", ("--spec-draft-n-max", "4", "--spec-draft-auto"))):
         for _ in range(3):      # common's asynchronous logger may still hold the statistics at exit
-            proc = speculative_simple(llama_build, models["target"], draft,
-                                      extra=("-n", "64", "--spec-draft-n-max", "4", *extra))
+            proc = speculative_simple(llama_build, models["target"], draft, extra=("-n", "128", "-lv", "5", *extra))
             assert proc.returncode == 0, proc.stderr[-3000:]
             if "n_accept" in proc.stderr + proc.stdout:
                 break
-        drafted[name] = int(re.search(r"n_drafted\s*=\s*(\d+)", proc.stderr + proc.stdout).group(1))
-        accepted = int(re.search(r"n_accept\s*=\s*(\d+)", proc.stderr + proc.stdout).group(1))
+        logs[name] = proc.stderr + proc.stdout
+        drafted[name] = int(re.search(r"n_drafted\s*=\s*(\d+)", logs[name]).group(1))
+        accepted = int(re.search(r"n_accept\s*=\s*(\d+)", logs[name]).group(1))
         assert accepted <= drafted[name] // 10, (name, accepted, drafted)
-    print("\nllama-speculative-simple, 64 tokens, drafted:", drafted)
-    assert drafted["static"] >= 100 and 0 < drafted["auto"] < drafted["static"] / 4, drafted
+    print("\nllama-speculative-simple, 128 tokens, drafted:", drafted)
+    assert drafted["static"] >= 200 and 0 < drafted["auto"] < drafted["static"] / 4, drafted
+    static, auto = first_drafts(logs["one"]), first_drafts(logs["auto"])
+    probes = {pos: (auto[pos], static.get(pos)) for pos, d in auto.items() if d[3]}
+    print("probes (position: auto, a static draft of 1):", probes)
+    assert len(probes) >= 2 and "rows kept while not drafting, injected" in logs["auto"], probes
+    for pos, (a, s) in probes.items():      # printed to 3 decimals; a near tie may flip the token
+        assert s is not None and abs(a[1] - s[1]) <= 0.002 and (a[0] == s[0] or s[1] - s[2] <= 0.005), (pos, a, s)
     with Server(llama_build, models["target"], draft, 4, True, 0.0, models["dir"] / "auto.log", parallel=1,
                 threads=1, extra=["--spec-draft-auto"], env=ENV) as srv:
         per_request = [srv.complete("hello world", 48)["timings"].get("draft_n", 0) for _ in range(4)]

@@ -10,7 +10,8 @@ draft), from bench/acceptance.py. Every configuration runs once per round, the r
 alternating order (A B C, C B A); each runs a server that answers three requests in a row and the
 figures are of the second and third (auto learns in the first, as a server does once), medians over
 rounds, ratios against the target alone.
-The CPU share is the server's CPU time over wall time x threads while its request decoded.
+Request i sends sampling seed i, which seeds the synthetic acceptance: every configuration sees
+the same random streams. The CPU share is the server's CPU time over wall time x threads while its request decoded.
 Without --target/--draft (`make bench-auto`) the pair is written to --out: the Kimi-K3-shaped
 target DKKKKM (fixtures/k3_shaped.py, 7.8 GB) and the draft at the real config tapping its first
 three layers (fixtures/draft_gguf.py, BF16, then llama-quantize's Q8_0 as users run it: 2.4 GB).
@@ -51,7 +52,7 @@ def one_run(build: Path, target: Path, draft: Path | None, k: int, rates, auto: 
                 load_timeout=600, request_timeout=3600) as srv:
         cold = srv.complete(PROMPT, n_predict)["timings"]
         cpu0, t0 = _cpu_seconds(srv.owned.pid), time.monotonic()
-        t = [srv.complete(PROMPT, n_predict)["timings"] for _ in range(requests - 1)]
+        t = [srv.complete(PROMPT, n_predict, seed)["timings"] for seed in range(2, requests + 1)]
         share = (_cpu_seconds(srv.owned.pid) - cpu0) / ((time.monotonic() - t0) * threads)
     return {"tps": 1000.0 * sum(x["predicted_n"] for x in t) / sum(x["predicted_ms"] for x in t),
             "cold_tps": cold["predicted_per_second"], "drafted": sum(x.get("draft_n", 0) for x in t),

@@ -179,7 +179,7 @@ def advice(rep: dict) -> list[str]:
              f"{rep['table']['best'][name]['speedup']:.2f}x)" if k else
              f"the draft does not pay on this machine (acceptance: {name}): run the target alone",
              f"or --spec-draft-auto --spec-draft-n-max {acc.K_MAX} (the spec-auto-length stack): the length per step "
-             f"from the acceptance and the verify time it measures, no draft while drafting loses"]
+             f"from the acceptance and the draft and verify times it measures, no draft while drafting loses"]
     m = rep.get("acceptance") or {}
     if m.get("steps"):
         lines.append(f"this pair as llama.cpp reports it: {1 + m['accepted'] / m['steps']:.2f} tokens per step, "

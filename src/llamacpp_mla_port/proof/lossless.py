@@ -148,9 +148,9 @@ class Server:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
-    def complete(self, prompt: str, n_predict: int) -> dict:
+    def complete(self, prompt: str, n_predict: int, seed: int = 1) -> dict:
         return self._post("/completion", {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
-                                          "seed": 1, "cache_prompt": False}, self.request_timeout)
+                                          "seed": seed, "cache_prompt": False}, self.request_timeout)
 
     def complete_all(self, prompts, n_predict: int, parallel: int = 2) -> list[dict]:
         """Keep `parallel` requests in flight at once, so both slots decode together."""
