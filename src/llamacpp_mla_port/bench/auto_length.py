@@ -60,9 +60,10 @@ def one_run(build: Path, target: Path, draft: Path | None, k: int, rates, auto: 
 
 
 def run(build: Path, target: Path, draft: Path, out: Path, rounds: int = 2, n_predict: int = 48,
-        threads: int = 2) -> dict:
+        threads: int = 2, only: set[str] | None = None) -> dict:
     configs = [("alone", None, 0, False)] + [(f"k={k}", lvl, k, False) for lvl in LEVELS for k in range(1, K_MAX + 1)]
     configs += [("auto", lvl, K_MAX, True) for lvl in LEVELS]
+    configs = [c for c in configs if not only or c[0] in only or f"{c[1]}:{c[0]}" in only or c[0] in ("alone", "auto")]
     runs: dict[tuple, list[dict]] = {}
     for r in range(rounds):
         for name, lvl, k, auto in (configs if r % 2 == 0 else configs[::-1]):
@@ -77,6 +78,7 @@ def run(build: Path, target: Path, draft: Path, out: Path, rounds: int = 2, n_pr
              for lvl in LEVELS}
     for lvl, rows in table.items():
         best = max([(m["tps"], name) for name, m in rows.items() if name != "auto"] + [(alone, "alone")])
+        rows["auto"]["best_of"] = sorted(name for name in rows if name != "auto")
         rows["auto"]["vs_best_static"] = rows["auto"]["tps"] / best[0]
         rows["auto"]["best_static"] = best[1]
     shares = [x["cpu_share"] for v in runs.values() for x in v]
@@ -90,11 +92,12 @@ def markdown(rep: dict) -> str:
              "| level | " + " | ".join(f"k={k}" for k in range(1, K_MAX + 1)) + " | auto | auto vs the best of "
              "the target alone and k=1..7 | first request: auto vs k=1 |", "|---" * (K_MAX + 4) + "|"]
     for lvl, rows in rep["levels"].items():
-        cells = [f"{rows[f'k={k}']['vs_alone']:.2f}x" for k in range(1, K_MAX + 1)]
+        cells = [f"{rows[f'k={k}']['vs_alone']:.2f}x" if f"k={k}" in rows else "-" for k in range(1, K_MAX + 1)]
         a = rows["auto"]
         best = "target alone" if a["best_static"] == "alone" else a["best_static"]
+        cold = f"{a['cold_tps'] / rows['k=1']['cold_tps']:.2f}" if "k=1" in rows else "-"
         lines.append(f"| {lvl} | " + " | ".join(cells) + f" | **{a['vs_alone']:.2f}x** (drafted {a['drafted']:.0f}) "
-                     f"| {a['vs_best_static']:.2f} (best: {best}) | {a['cold_tps'] / rows['k=1']['cold_tps']:.2f} |")
+                     f"| {a['vs_best_static']:.2f} (best: {best}) | {cold} |")
     return "\n".join(lines)
 
 
@@ -109,6 +112,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--n-predict", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default="", help="static lengths to run, e.g. none:k=1,partial:k=2 or k=3 "
+                    "(default: all; the target alone and auto always run)")
     args = ap.parse_args(argv)
     from llamacpp_mla_port import project
     places = project.Places()
@@ -131,7 +136,8 @@ def main(argv=None) -> None:
             argv = [str(build / "bin" / "llama-quantize"), str(bf16), str(draft), "q8_0"]
             if run_process(argv, timeout=3600).returncode:
                 raise SystemExit(f"llama-quantize failed: {' '.join(argv)}")
-    rep = run(build, target, draft, args.out, args.rounds, args.n_predict, args.threads)
+    rep = run(build, target, draft, args.out, args.rounds, args.n_predict, args.threads,
+              {x for x in args.only.split(",") if x})
     (args.out / "auto-length.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
     print(markdown(rep))
 
